@@ -1,0 +1,65 @@
+// activation.cpp: silu, relu, gelu (erf / tanh) and the gated swiglu / geglu
+// (compiled once per ISA variant). Elementwise kernels see a flat range; module.cpp
+// splits it in chunks across threads, so one long row is parallel too.
+#include "vmath.h"
+#include "variant.h"
+
+namespace to {
+namespace TO_NS {
+namespace {
+
+template <int OP>
+inline V act(V x) {
+    if (OP == UN_SILU) return vsilu(x);
+    if (OP == UN_RELU) return vmax(vset(0.0f), x);  // operand order: NaN in x stays NaN
+    if (OP == UN_GELU_ERF) return vgelu_erf(x);
+    return vgelu_tanh(x);
+}
+
+template <class T, int OP>
+void unary_k(const void* xv, void* yv, int64_t count, bool nt) {
+    const T* x = (const T*)xv;
+    T* y = (T*)yv;
+    write_row(
+        y, count, nt, [&](int64_t i) { return act<OP>(vload(x + i)); },
+        [&](int64_t i, int64_t k) { return act<OP>(vload_part(x + i, k, 0.f)); });
+    if (nt) stream_fence();
+}
+
+// y[r, i] = act(x[r, i]) * x[r, h + i]
+template <class T, int G>
+void glu_k(const void* xv, void* yv, int64_t rows, int64_t h, bool nt) {
+    constexpr int OP = G == GLU_SWIGLU ? UN_SILU : (G == GLU_GEGLU_ERF ? UN_GELU_ERF : UN_GELU_TANH);
+    const T* x = (const T*)xv;
+    T* y = (T*)yv;
+    for (int64_t r = 0; r < rows; ++r) {
+        const T* a = x + r * 2 * h;
+        const T* b = a + h;
+        write_row(
+            y + r * h, h, nt, [&](int64_t i) { return act<OP>(vload(a + i)) * vload(b + i); },
+            [&](int64_t i, int64_t k) { return act<OP>(vload_part(a + i, k, 0.f)) * vload_part(b + i, k, 0.f); });
+    }
+    if (nt) stream_fence();
+}
+
+template <class T>
+void fill_t(KernelTable& t, int dt) {
+    t.unary[dt][UN_SILU] = unary_k<T, UN_SILU>;
+    t.unary[dt][UN_RELU] = unary_k<T, UN_RELU>;
+    t.unary[dt][UN_GELU_ERF] = unary_k<T, UN_GELU_ERF>;
+    t.unary[dt][UN_GELU_TANH] = unary_k<T, UN_GELU_TANH>;
+    t.glu[dt][GLU_SWIGLU] = glu_k<T, GLU_SWIGLU>;
+    t.glu[dt][GLU_GEGLU_ERF] = glu_k<T, GLU_GEGLU_ERF>;
+    t.glu[dt][GLU_GEGLU_TANH] = glu_k<T, GLU_GEGLU_TANH>;
+}
+
+}  // namespace
+
+void fill_activation(KernelTable& t) {
+    fill_t<float>(t, DT_F32);
+    fill_t<f16>(t, DT_F16);
+    fill_t<bf16>(t, DT_BF16);
+}
+
+}  // namespace TO_NS
+}  // namespace to

@@ -1,0 +1,58 @@
+// kernels.h: the ISA-independent kernel table shared by module.cpp and every variant.
+//
+// Each variant (scalar, avx2, avx512) fills one KernelTable with pointers to its own
+// instantiations; module.cpp picks a table at import. Kernels are single-threaded over
+// the range they are given; module.cpp splits rows (or flat chunks) across OpenMP threads.
+// Array arguments are raw pointers to C-contiguous data of dtype index [DT_*].
+#pragma once
+#include <cstdint>
+
+namespace to {
+
+enum Dt : int { DT_F32 = 0, DT_F16 = 1, DT_BF16 = 2, DT_COUNT = 3 };
+enum Unary : int { UN_SILU = 0, UN_RELU = 1, UN_GELU_ERF = 2, UN_GELU_TANH = 3, UN_COUNT = 4 };
+enum Glu : int { GLU_SWIGLU = 0, GLU_GEGLU_ERF = 1, GLU_GEGLU_TANH = 2, GLU_COUNT = 3 };
+
+struct AdamParams {
+    float lr, beta1, beta2, eps, bc1, bc2, weight_decay;
+    int mode;  // 0: L2 (g += wd*p), 1: AdamW (decoupled)
+};
+
+struct KernelTable {
+    const char* isa;
+    int width;  // fp32 lanes
+    // y = x * rsigma * (w [+1 if zc]); rsigma (float, per row) written when non-null.
+    void (*rms_norm[DT_COUNT])(const void* x, const void* w, void* y, int64_t rows, int64_t n,
+                               float eps, float* rsigma, bool zc, bool nt);
+    // b may be null (no bias); mu/rsigma written when non-null.
+    void (*layer_norm[DT_COUNT])(const void* x, const void* w, const void* b, void* y, int64_t rows,
+                                 int64_t n, float eps, float* mu, float* rsigma, bool zc, bool nt);
+    // scratch: n floats (per thread).
+    void (*softmax[DT_COUNT])(const void* x, void* y, int64_t rows, int64_t n, float* scratch, bool nt);
+    void (*unary[DT_COUNT][UN_COUNT])(const void* x, void* y, int64_t count, bool nt);
+    // x (rows, 2h) -> y (rows, h)
+    void (*glu[DT_COUNT][GLU_COUNT])(const void* x, void* y, int64_t rows, int64_t h, bool nt);
+    // cos/sin float32 (T, n); row r of this chunk uses position (row0 + r) % T.
+    void (*rope[DT_COUNT])(const void* x, const float* cos, const float* sin, void* y, int64_t rows,
+                           int64_t n, int64_t T, int64_t row0, bool interleaved, bool nt);
+    // dx written; dg_acc (and db_acc) are fp32 [n] accumulators the rows are added into.
+    void (*rms_norm_bwd[DT_COUNT])(const void* dz, const void* x, const float* rsigma, const void* g,
+                                   void* dx, float* dg_acc, int64_t rows, int64_t n, bool zc);
+    void (*layer_norm_bwd[DT_COUNT])(const void* dz, const void* x, const float* mu, const float* rsigma,
+                                     const void* g, void* dx, float* dg_acc, float* db_acc,
+                                     int64_t rows, int64_t n, bool zc);
+    // [grad dtype][param dtype]; m, v (and master when non-null) are fp32.
+    void (*adam[DT_COUNT][DT_COUNT])(const void* g, void* p, float* m, float* v, float* master,
+                                     int64_t n, const AdamParams* a);
+    // [in dtype][out dtype]; out = in*s; returns 1 if any input is non-finite.
+    int (*scale[DT_COUNT][DT_COUNT])(const void* in, void* out, int64_t n, float s);
+    double (*sumsq[DT_COUNT])(const void* x, int64_t n);
+    void (*from_f32[DT_COUNT])(const float* in, void* out, int64_t n);
+};
+
+// One per compiled variant (defined only if that variant was built).
+const KernelTable* table_scalar();
+const KernelTable* table_avx2();
+const KernelTable* table_avx512();
+
+}  // namespace to

@@ -1,0 +1,314 @@
+// simd.h: one small vector abstraction, compiled once per ISA variant.
+//
+// Every kernel source (norm.cpp, softmax.cpp, ...) is compiled three times by
+// tensor_ops/_build/cpp_build.py with -DTO_ISA=0|1|2 and that variant's flags only:
+//   0 scalar  portable C++ (baseline x86-64 / any CPU), vector width 1
+//   1 avx2    -mavx2 -mfma -mf16c, 8 fp32 lanes
+//   2 avx512  -mavx512f/bw/dq/vl (+avx2/fma/f16c), 16 fp32 lanes
+// The code of a variant lives in namespace to::TO_NS and its helpers in an anonymous
+// namespace, so no inline function compiled with AVX-512 flags can be merged by the
+// linker into the scalar variant (the usual ODR trap of per-file ISA flags). For the same
+// reason the kernels use no std:: templates that could be emitted out of line.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+
+#ifndef TO_ISA
+#error "TO_ISA must be defined (0 scalar, 1 avx2, 2 avx512)"
+#endif
+
+#if TO_ISA == 0
+#define TO_NS isa_scalar
+#define TO_TABLE_FN table_scalar
+#elif TO_ISA == 1
+#define TO_NS isa_avx2
+#define TO_TABLE_FN table_avx2
+#elif TO_ISA == 2
+#define TO_NS isa_avx512
+#define TO_TABLE_FN table_avx512
+#else
+#error "unknown TO_ISA"
+#endif
+
+#if TO_ISA >= 1
+#include <immintrin.h>
+#endif
+
+namespace to {
+namespace TO_NS {
+namespace {
+
+// Storage tags: 16-bit types travel as raw bits; math is always fp32.
+struct f16 { uint16_t b; };
+struct bf16 { uint16_t b; };
+
+inline float bits_f(uint32_t u) { float f; std::memcpy(&f, &u, 4); return f; }
+inline uint32_t f_bits(float f) { uint32_t u; std::memcpy(&u, &f, 4); return u; }
+
+// ---- scalar conversions (used by every variant for tails; RNE like F16C) ----------
+inline float half_to_f32(uint16_t h) {
+    uint32_t sign = (uint32_t)(h & 0x8000u) << 16;
+    uint32_t e = (h >> 10) & 0x1fu, m = h & 0x3ffu;
+    if (e == 0) {  // zero / subnormal: m * 2^-24 is exact in fp32
+        float v = (float)m * 5.9604644775390625e-8f;
+        return bits_f(f_bits(v) | sign);
+    }
+    if (e == 31) return bits_f(sign | 0x7f800000u | (m << 13));
+    return bits_f(sign | ((e + 112u) << 23) | (m << 13));
+}
+
+// F. Giesen's float_to_half_fast3_rtne: round-to-nearest-even, NaN stays NaN (quiet),
+// overflow (>= 65520) gives Inf, subnormal results rounded by the FPU via the 0.5 magic.
+inline uint16_t f32_to_half(float f) {
+    uint32_t u = f_bits(f);
+    uint32_t sign = u & 0x80000000u;
+    u ^= sign;
+    uint32_t o;
+    if (u >= (143u << 23)) {
+        o = (u > 0x7f800000u) ? 0x7e00u : 0x7c00u;
+    } else if (u < (113u << 23)) {
+        float v = bits_f(u) + 0.5f;
+        o = f_bits(v) - f_bits(0.5f);
+    } else {
+        uint32_t odd = (u >> 13) & 1u;
+        u += ((uint32_t)(15 - 127) << 23) + 0xfffu;
+        u += odd;
+        o = u >> 13;
+    }
+    return (uint16_t)(o | (sign >> 16));
+}
+
+inline float bf16_to_f32(uint16_t b) { return bits_f((uint32_t)b << 16); }
+inline uint16_t f32_to_bf16(float f) {
+    uint32_t u = f_bits(f);
+    if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x40u);  // quiet NaN
+    u += 0x7fffu + ((u >> 16) & 1u);
+    return (uint16_t)(u >> 16);
+}
+
+inline float to_f32(float v) { return v; }
+inline float to_f32(f16 v) { return half_to_f32(v.b); }
+inline float to_f32(bf16 v) { return bf16_to_f32(v.b); }
+inline void put(float* p, float v) { *p = v; }
+inline void put(f16* p, float v) { p->b = f32_to_half(v); }
+inline void put(bf16* p, float v) { p->b = f32_to_bf16(v); }
+
+#if TO_ISA == 0
+// ============================ scalar / portable =====================================
+constexpr int W = 1;
+struct V { float v; };
+struct M { bool m; };
+struct VI { int32_t v; };
+
+inline V vset(float a) { return {a}; }
+inline V operator+(V a, V b) { return {a.v + b.v}; }
+inline V operator-(V a, V b) { return {a.v - b.v}; }
+inline V operator*(V a, V b) { return {a.v * b.v}; }
+inline V operator/(V a, V b) { return {a.v / b.v}; }
+inline V vfma(V a, V b, V c) { return {a.v * b.v + c.v}; }   // a*b + c
+inline V vfnma(V a, V b, V c) { return {c.v - a.v * b.v}; }  // c - a*b
+inline V vmax(V a, V b) { return {a.v > b.v ? a.v : b.v}; }  // b if either is NaN (x86 maxps rule)
+inline V vmin(V a, V b) { return {a.v < b.v ? a.v : b.v}; }
+inline V vabs(V a) { return {bits_f(f_bits(a.v) & 0x7fffffffu)}; }
+inline V vsqrt(V a) { return {__builtin_sqrtf(a.v)}; }
+inline float hsum(V a) { return a.v; }
+inline float hmax(V a) { return a.v; }
+inline M visnan(V a) { return {a.v != a.v}; }
+inline M vlt(V a, V b) { return {a.v < b.v}; }
+inline V vsel(M m, V a, V b) { return m.m ? a : b; }
+inline V vxor(V a, V b) { return {bits_f(f_bits(a.v) ^ f_bits(b.v))}; }
+// round half away from zero: only ever used on |x| < 2^8, where that is all we need.
+inline VI vcvt_i(V a) { return {(int32_t)(a.v + (a.v >= 0.f ? 0.5f : -0.5f))}; }
+inline V vcvt_f(VI a) { return {(float)a.v}; }
+inline VI operator+(VI a, VI b) { return {a.v + b.v}; }
+inline VI operator-(VI a, VI b) { return {a.v - b.v}; }
+inline VI vsra1(VI a) { return {a.v >> 1}; }
+inline VI viset(int32_t a) { return {a}; }
+inline V vexp2i(VI e) { return {bits_f((uint32_t)(e.v + 127) << 23)}; }  // 2^e, e in [-126,127]
+
+inline V vload(const float* p) { return {*p}; }
+inline V vload(const f16* p) { return {half_to_f32(p->b)}; }
+inline V vload(const bf16* p) { return {bf16_to_f32(p->b)}; }
+inline void vstore(float* p, V v) { *p = v.v; }
+inline void vstore(f16* p, V v) { p->b = f32_to_half(v.v); }
+inline void vstore(bf16* p, V v) { p->b = f32_to_bf16(v.v); }
+template <class T> inline void vstream(T* p, V v) { vstore(p, v); }
+inline void stream_fence() {}
+// rope's interleaved pairs: (x1, x0) per pair is meaningless at width 1; rope.cpp has
+// a pair loop for W == 1.
+
+#elif TO_ISA == 1
+// ============================ AVX2 + FMA + F16C =====================================
+constexpr int W = 8;
+struct V { __m256 v; };
+struct M { __m256 m; };
+struct VI { __m256i v; };
+
+inline V vset(float a) { return {_mm256_set1_ps(a)}; }
+inline V operator+(V a, V b) { return {_mm256_add_ps(a.v, b.v)}; }
+inline V operator-(V a, V b) { return {_mm256_sub_ps(a.v, b.v)}; }
+inline V operator*(V a, V b) { return {_mm256_mul_ps(a.v, b.v)}; }
+inline V operator/(V a, V b) { return {_mm256_div_ps(a.v, b.v)}; }
+inline V vfma(V a, V b, V c) { return {_mm256_fmadd_ps(a.v, b.v, c.v)}; }
+inline V vfnma(V a, V b, V c) { return {_mm256_fnmadd_ps(a.v, b.v, c.v)}; }
+inline V vmax(V a, V b) { return {_mm256_max_ps(a.v, b.v)}; }
+inline V vmin(V a, V b) { return {_mm256_min_ps(a.v, b.v)}; }
+inline V vabs(V a) { return {_mm256_and_ps(a.v, _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff)))}; }
+inline V vsqrt(V a) { return {_mm256_sqrt_ps(a.v)}; }
+inline float hsum(V a) {
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(a.v), _mm256_extractf128_ps(a.v, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    return _mm_cvtss_f32(s);
+}
+inline float hmax(V a) {
+    __m128 s = _mm_max_ps(_mm256_castps256_ps128(a.v), _mm256_extractf128_ps(a.v, 1));
+    s = _mm_max_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_max_ss(s, _mm_movehdup_ps(s));
+    return _mm_cvtss_f32(s);
+}
+inline M visnan(V a) { return {_mm256_cmp_ps(a.v, a.v, _CMP_UNORD_Q)}; }
+inline M vlt(V a, V b) { return {_mm256_cmp_ps(a.v, b.v, _CMP_LT_OQ)}; }
+inline V vsel(M m, V a, V b) { return {_mm256_blendv_ps(b.v, a.v, m.m)}; }
+inline V vxor(V a, V b) { return {_mm256_xor_ps(a.v, b.v)}; }
+inline VI vcvt_i(V a) { return {_mm256_cvtps_epi32(a.v)}; }  // MXCSR default: nearest-even
+inline V vcvt_f(VI a) { return {_mm256_cvtepi32_ps(a.v)}; }
+inline VI operator+(VI a, VI b) { return {_mm256_add_epi32(a.v, b.v)}; }
+inline VI operator-(VI a, VI b) { return {_mm256_sub_epi32(a.v, b.v)}; }
+inline VI vsra1(VI a) { return {_mm256_srai_epi32(a.v, 1)}; }
+inline VI viset(int32_t a) { return {_mm256_set1_epi32(a)}; }
+inline V vexp2i(VI e) {
+    return {_mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(e.v, _mm256_set1_epi32(127)), 23))};
+}
+
+inline V vload(const float* p) { return {_mm256_loadu_ps(p)}; }
+inline V vload(const f16* p) { return {_mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)p))}; }
+inline V vload(const bf16* p) {
+    __m256i w = _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i*)p));
+    return {_mm256_castsi256_ps(_mm256_slli_epi32(w, 16))};
+}
+inline __m128i bf16_pack(V v) {
+    __m256i u = _mm256_castps_si256(v.v);
+    __m256i lsb = _mm256_and_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(1));
+    __m256i r = _mm256_add_epi32(u, _mm256_add_epi32(lsb, _mm256_set1_epi32(0x7fff)));
+    // NaN: keep the high half with the quiet bit set instead of rounding it into Inf.
+    __m256i qnan = _mm256_or_si256(u, _mm256_set1_epi32(0x400000));
+    __m256 isnan = _mm256_cmp_ps(v.v, v.v, _CMP_UNORD_Q);
+    r = _mm256_castps_si256(_mm256_blendv_ps(_mm256_castsi256_ps(r), _mm256_castsi256_ps(qnan), isnan));
+    r = _mm256_srli_epi32(r, 16);
+    __m256i packed = _mm256_packus_epi32(r, r);                // per 128-bit lane
+    packed = _mm256_permute4x64_epi64(packed, 0x08);           // lanes 0 and 2 → low half
+    return _mm256_castsi256_si128(packed);
+}
+inline void vstore(float* p, V v) { _mm256_storeu_ps(p, v.v); }
+inline void vstore(f16* p, V v) { _mm_storeu_si128((__m128i*)p, _mm256_cvtps_ph(v.v, _MM_FROUND_TO_NEAREST_INT)); }
+inline void vstore(bf16* p, V v) { _mm_storeu_si128((__m128i*)p, bf16_pack(v)); }
+inline void vstream(float* p, V v) { _mm256_stream_ps(p, v.v); }
+inline void vstream(f16* p, V v) { _mm_stream_si128((__m128i*)p, _mm256_cvtps_ph(v.v, _MM_FROUND_TO_NEAREST_INT)); }
+inline void vstream(bf16* p, V v) { _mm_stream_si128((__m128i*)p, bf16_pack(v)); }
+inline void stream_fence() { _mm_sfence(); }
+// swap the two lanes of every pair: (x0,x1,x2,x3..) -> (x1,x0,x3,x2..)
+inline V vswap_pairs(V a) { return {_mm256_permute_ps(a.v, 0xB1)}; }
+
+#else
+// ============================ AVX-512 F/BW/DQ/VL =====================================
+constexpr int W = 16;
+struct V { __m512 v; };
+struct M { __mmask16 m; };
+struct VI { __m512i v; };
+
+inline V vset(float a) { return {_mm512_set1_ps(a)}; }
+inline V operator+(V a, V b) { return {_mm512_add_ps(a.v, b.v)}; }
+inline V operator-(V a, V b) { return {_mm512_sub_ps(a.v, b.v)}; }
+inline V operator*(V a, V b) { return {_mm512_mul_ps(a.v, b.v)}; }
+inline V operator/(V a, V b) { return {_mm512_div_ps(a.v, b.v)}; }
+inline V vfma(V a, V b, V c) { return {_mm512_fmadd_ps(a.v, b.v, c.v)}; }
+inline V vfnma(V a, V b, V c) { return {_mm512_fnmadd_ps(a.v, b.v, c.v)}; }
+inline V vmax(V a, V b) { return {_mm512_max_ps(a.v, b.v)}; }
+inline V vmin(V a, V b) { return {_mm512_min_ps(a.v, b.v)}; }
+inline V vabs(V a) { return {_mm512_abs_ps(a.v)}; }
+inline V vsqrt(V a) { return {_mm512_sqrt_ps(a.v)}; }
+inline float hsum(V a) { return _mm512_reduce_add_ps(a.v); }
+inline float hmax(V a) { return _mm512_reduce_max_ps(a.v); }
+inline M visnan(V a) { return {_mm512_cmp_ps_mask(a.v, a.v, _CMP_UNORD_Q)}; }
+inline M vlt(V a, V b) { return {_mm512_cmp_ps_mask(a.v, b.v, _CMP_LT_OQ)}; }
+inline V vsel(M m, V a, V b) { return {_mm512_mask_blend_ps(m.m, b.v, a.v)}; }
+inline V vxor(V a, V b) { return {_mm512_xor_ps(a.v, b.v)}; }
+inline VI vcvt_i(V a) { return {_mm512_cvtps_epi32(a.v)}; }
+inline V vcvt_f(VI a) { return {_mm512_cvtepi32_ps(a.v)}; }
+inline VI operator+(VI a, VI b) { return {_mm512_add_epi32(a.v, b.v)}; }
+inline VI operator-(VI a, VI b) { return {_mm512_sub_epi32(a.v, b.v)}; }
+inline VI vsra1(VI a) { return {_mm512_srai_epi32(a.v, 1)}; }
+inline VI viset(int32_t a) { return {_mm512_set1_epi32(a)}; }
+inline V vexp2i(VI e) {
+    return {_mm512_castsi512_ps(_mm512_slli_epi32(_mm512_add_epi32(e.v, _mm512_set1_epi32(127)), 23))};
+}
+
+inline V vload(const float* p) { return {_mm512_loadu_ps(p)}; }
+inline V vload(const f16* p) { return {_mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)p))}; }
+inline V vload(const bf16* p) {
+    __m512i w = _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i*)p));
+    return {_mm512_castsi512_ps(_mm512_slli_epi32(w, 16))};
+}
+inline __m256i bf16_pack(V v) {
+    __m512i u = _mm512_castps_si512(v.v);
+    __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1));
+    __m512i r = _mm512_add_epi32(u, _mm512_add_epi32(lsb, _mm512_set1_epi32(0x7fff)));
+    __mmask16 isnan = _mm512_cmp_ps_mask(v.v, v.v, _CMP_UNORD_Q);
+    r = _mm512_mask_mov_epi32(r, isnan, _mm512_or_si512(u, _mm512_set1_epi32(0x400000)));
+    return _mm512_cvtepi32_epi16(_mm512_srli_epi32(r, 16));
+}
+inline void vstore(float* p, V v) { _mm512_storeu_ps(p, v.v); }
+inline void vstore(f16* p, V v) { _mm256_storeu_si256((__m256i*)p, _mm512_cvtps_ph(v.v, _MM_FROUND_TO_NEAREST_INT)); }
+inline void vstore(bf16* p, V v) { _mm256_storeu_si256((__m256i*)p, bf16_pack(v)); }
+inline void vstream(float* p, V v) { _mm512_stream_ps(p, v.v); }
+inline void vstream(f16* p, V v) { _mm256_stream_si256((__m256i*)p, _mm512_cvtps_ph(v.v, _MM_FROUND_TO_NEAREST_INT)); }
+inline void vstream(bf16* p, V v) { _mm256_stream_si256((__m256i*)p, bf16_pack(v)); }
+inline void stream_fence() { _mm_sfence(); }
+inline V vswap_pairs(V a) { return {_mm512_permute_ps(a.v, 0xB1)}; }
+#endif
+
+// ---- partial (tail) loads/stores ---------------------------------------------------
+// Tails go through a W-wide stack buffer element by element, so the tail runs the very
+// same vector math as the body (no second scalar implementation of exp/erf to keep in
+// step) and never touches memory past the end of the row.
+template <class T>
+inline V vload_part(const T* p, int64_t k, float fill) {
+    alignas(64) float b[W];
+    for (int64_t i = 0; i < W; ++i) b[i] = i < k ? to_f32(p[i]) : fill;
+    return vload(b);
+}
+template <class T>
+inline void vstore_part(T* p, V v, int64_t k) {
+    alignas(64) float b[W];
+    vstore(b, v);
+    for (int64_t i = 0; i < k; ++i) put(p + i, b[i]);
+}
+
+// Write y[0, n) from a vector generator. `full(i)` computes lanes [i, i+W) from full
+// loads; `part(i, k)` computes them from partial loads (only k lanes valid). With nt
+// (large outputs) the body uses non-temporal stores: they skip the read-for-ownership of
+// the destination, which is what lets a read+write kernel reach memcpy speed; that needs
+// W*sizeof(T)-aligned addresses, so a partial head runs until y is aligned.
+template <class T, class Full, class Part>
+inline void write_row(T* y, int64_t n, bool nt, const Full& full, const Part& part) {
+    int64_t i = 0;
+    if (nt && W > 1) {
+        const uintptr_t A = (uintptr_t)W * sizeof(T);
+        uintptr_t mis = (uintptr_t)y % A;
+        int64_t head = mis ? (int64_t)((A - mis) / sizeof(T)) : 0;
+        if (head > n) head = n;
+        if (head) vstore_part(y, part(0, head), head);
+        i = head;
+        for (; i + W <= n; i += W) vstream(y + i, full(i));
+    } else {
+        for (; i + W <= n; i += W) vstore(y + i, full(i));
+    }
+    if (i < n) vstore_part(y + i, part(i, n - i), n - i);
+}
+
+}  // namespace
+}  // namespace TO_NS
+}  // namespace to

@@ -1,0 +1,94 @@
+// vmath.h: vectorised transcendental functions on the V type of simd.h (fp32 math).
+// Accuracy is checked in tests/test_cpp.py against float64 NumPy/SciPy.
+#pragma once
+#include "simd.h"
+
+namespace to {
+namespace TO_NS {
+namespace {
+
+// exp(x), within 2 ulp over the whole fp32 range (test: <= 4 ulp), NaN -> NaN.
+// Cody-Waite reduction x = n*ln2 + r with ln2 split in a short high part (exact n*C1 for
+// |n| < 2^9) and a correction, so r is accurate to ~1 ulp; e^r on |r| <= ln2/2 by the
+// Cephes expf degree-6 minimax polynomial (~1 ulp). 2^n is applied as two factors
+// 2^(n>>1) * 2^(n - n>>1): each factor stays a normal float for n in [-150, 128], so
+// results that are denormal, underflow to 0 or overflow to +Inf come out right without
+// a branch. x is clamped to [-104, 88.8] first (beyond: 0 / Inf anyway).
+inline V vexp(V x) {
+    const V lo = vset(-104.0f), hi = vset(88.8f);
+    V xc = vmin(vmax(x, lo), hi);
+    V fn = vcvt_f(vcvt_i(xc * vset(1.44269504088896341f)));
+    V r = vfnma(fn, vset(0.693359375f), xc);
+    r = vfnma(fn, vset(-2.12194440e-4f), r);
+    V p = vset(1.9875691500e-4f);
+    p = vfma(p, r, vset(1.3981999507e-3f));
+    p = vfma(p, r, vset(8.3334519073e-3f));
+    p = vfma(p, r, vset(4.1665795894e-2f));
+    p = vfma(p, r, vset(1.6666665459e-1f));
+    p = vfma(p, r, vset(5.0000001201e-1f));
+    V y = vfma(p, r * r, r + vset(1.0f));
+    VI n = vcvt_i(fn);
+    VI n1 = vsra1(n);
+    VI n2 = n - n1;
+    y = (y * vexp2i(n1)) * vexp2i(n2);
+    return vsel(visnan(x), x, y);
+}
+
+// x * sigmoid(x) written as x / (1 + e^-x): e^-x -> Inf for very negative x gives the
+// correct -0 limit, and silu(-Inf) = -Inf/Inf = NaN matches the float64 formula.
+inline V vsilu(V x) { return x / (vset(1.0f) + vexp(vset(0.0f) - x)); }
+
+// erf(x): rational minimax approximation x*P(x^2)/Q(x^2) on [-4, 4] (the one Eigen and
+// XLA use for fp32; a few ulp); |x| > 4 clamps, where erf is +-1 to fp32 precision.
+inline V verf(V x) {
+    V xc = vmin(vmax(x, vset(-4.0f)), vset(4.0f));
+    V x2 = xc * xc;
+    V p = vset(-2.72614225801306e-10f);
+    p = vfma(p, x2, vset(2.77068142495902e-08f));
+    p = vfma(p, x2, vset(-2.10102402082508e-06f));
+    p = vfma(p, x2, vset(-5.69250639462346e-05f));
+    p = vfma(p, x2, vset(-7.34990630326855e-04f));
+    p = vfma(p, x2, vset(-2.95459980854025e-03f));
+    p = vfma(p, x2, vset(-1.60960333262415e-02f));
+    p = p * xc;
+    V q = vset(-1.45660718464996e-05f);
+    q = vfma(q, x2, vset(-2.13374055278905e-04f));
+    q = vfma(q, x2, vset(-1.68282697438203e-03f));
+    q = vfma(q, x2, vset(-7.37332916720468e-03f));
+    q = vfma(q, x2, vset(-1.42647390514189e-02f));
+    return vsel(visnan(x), x, p / q);
+}
+
+// Exact GELU 0.5*x*(1 + erf(x/sqrt2)). The erf error (a few 1e-8 absolute) is scaled by
+// 0.5|x|, and for x < -5.66 the result is 0 against a true |gelu| < 1e-7: absolute error
+// stays under 10 eps (tested).
+inline V vgelu_erf(V x) {
+    return vset(0.5f) * x * (vset(1.0f) + verf(x * vset(0.70710678118654752f)));
+}
+
+// tanh-GELU 0.5*x*(1 + tanh(u)), u = sqrt(2/pi)*(x + 0.044715 x^3). Method: the identity
+// 0.5*(1 + tanh(u)) = 1/(1 + e^(-2u)) turns it into x / (1 + e^(-2u)): one vexp and one
+// division, no tanh polynomial, and none of the cancellation tanh(u) -> -1 would cause
+// in 1 + tanh(u) for negative x (the relative error stays at the exp error, ~2 ulp).
+inline V vgelu_tanh(V x) {
+    V u = x * vfma(vset(0.044715f) * x, x, vset(1.0f)) * vset(-1.5957691216057308f);  // -2u
+    return x / (vset(1.0f) + vexp(u));
+}
+
+// tanh(x) by the same route, for callers that need tanh itself:
+// tanh(x) = sign(x) * (1 - 2/(e^(2|x|) + 1)); below |x| < 0.0625 the odd Taylor series
+// to x^7 avoids the cancellation of 1 - 2/(e^(2|x|)+1) (error < 1 ulp there).
+inline V vtanh(V x) {
+    V ax = vabs(x);
+    V e = vexp(ax + ax);
+    V big = vset(1.0f) - vset(2.0f) / (e + vset(1.0f));
+    V x2 = x * x;
+    V small = vfma(vfma(vfma(vset(-17.0f / 315.0f), x2, vset(2.0f / 15.0f)), x2, vset(-1.0f / 3.0f)) * x2, ax, ax);
+    V r = vsel(vlt(ax, vset(0.0625f)), small, big);
+    V sign = vxor(x, ax);  // just the sign bit of x
+    return vsel(visnan(x), x, vxor(r, sign));
+}
+
+}  // namespace
+}  // namespace TO_NS
+}  // namespace to

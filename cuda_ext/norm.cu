@@ -1,0 +1,172 @@
+// rms_norm and layer_norm: one warp per row (n <= 1024) or one block per row, launch-selected.
+// The row stays in registers when it fits (CACHE_FLOATS per thread); longer rows are
+// re-read in streaming passes. 16-byte loads when the host says every row is aligned.
+#include "common.cuh"
+
+namespace tops {
+
+template <typename T, int V>
+__device__ __forceinline__ void rms_row(const T* __restrict__ x, const T* __restrict__ w,
+                                        T* __restrict__ y, int n, float eps, const RowGroup& g) {
+    constexpr int NV = CACHE_FLOATS / V;
+    const int nvec = n / V;
+    // The scalar (unaligned / odd width) path streams: caching it costs registers that
+    // would lower the occupancy of the vector path, which shares the kernel.
+    if constexpr (V > 1) if (nvec <= NV * g.nthreads) {
+        float v[NV][V];
+        float ss = 0.0f;
+#pragma unroll
+        for (int k = 0; k < NV; ++k) {
+            const int i = g.tid + k * g.nthreads;
+            if (i < nvec) {
+                load_f<T, V>(x + (size_t)i * V, v[k]);
+#pragma unroll
+                for (int j = 0; j < V; ++j) ss = fmaf(v[k][j], v[k][j], ss);
+            }
+        }
+        ss = g.sum(ss);
+        const float r = 1.0f / sqrtf(ss / (float)n + eps);
+#pragma unroll
+        for (int k = 0; k < NV; ++k) {
+            const int i = g.tid + k * g.nthreads;
+            if (i < nvec) {
+                float wv[V], o[V];
+                load_f<T, V>(w + (size_t)i * V, wv);
+#pragma unroll
+                for (int j = 0; j < V; ++j) o[j] = v[k][j] * r * wv[j];
+                store_f<T, V>(y + (size_t)i * V, o);
+            }
+        }
+    } else {
+        float ss = 0.0f;
+        for (int i = g.tid; i < nvec; i += g.nthreads) {
+            float a[V];
+            load_f<T, V>(x + (size_t)i * V, a);
+#pragma unroll
+            for (int j = 0; j < V; ++j) ss = fmaf(a[j], a[j], ss);
+        }
+        ss = g.sum(ss);
+        const float r = 1.0f / sqrtf(ss / (float)n + eps);
+        for (int i = g.tid; i < nvec; i += g.nthreads) {
+            float a[V], wv[V], o[V];
+            load_f<T, V>(x + (size_t)i * V, a);
+            load_f<T, V>(w + (size_t)i * V, wv);
+#pragma unroll
+            for (int j = 0; j < V; ++j) o[j] = a[j] * r * wv[j];
+            store_f<T, V>(y + (size_t)i * V, o);
+        }
+    }
+}
+
+template <typename T, int V>
+__device__ __forceinline__ void layer_row(const T* __restrict__ x, const T* __restrict__ w,
+                                          const T* __restrict__ b, T* __restrict__ y, int n,
+                                          float eps, const RowGroup& g) {
+    constexpr int NV = CACHE_FLOATS / V;
+    const int nvec = n / V;
+    const float inv_n = 1.0f / (float)n;
+    // The scalar (unaligned / odd width) path streams: caching it costs registers that
+    // would lower the occupancy of the vector path, which shares the kernel.
+    if constexpr (V > 1) if (nvec <= NV * g.nthreads) {
+        float v[NV][V];
+        float s = 0.0f;
+#pragma unroll
+        for (int k = 0; k < NV; ++k) {
+            const int i = g.tid + k * g.nthreads;
+            if (i < nvec) {
+                load_f<T, V>(x + (size_t)i * V, v[k]);
+#pragma unroll
+                for (int j = 0; j < V; ++j) s += v[k][j];
+            }
+        }
+        const float mean = g.sum(s) * inv_n;
+        float q = 0.0f;  // two-pass variance from registers: no cancellation
+#pragma unroll
+        for (int k = 0; k < NV; ++k) {
+            const int i = g.tid + k * g.nthreads;
+            if (i < nvec) {
+#pragma unroll
+                for (int j = 0; j < V; ++j) { const float d = v[k][j] - mean; q = fmaf(d, d, q); }
+            }
+        }
+        const float rstd = 1.0f / sqrtf(g.sum(q) * inv_n + eps);
+#pragma unroll
+        for (int k = 0; k < NV; ++k) {
+            const int i = g.tid + k * g.nthreads;
+            if (i < nvec) {
+                float wv[V], bv[V], o[V];
+                load_f<T, V>(w + (size_t)i * V, wv);
+                if (b) load_f<T, V>(b + (size_t)i * V, bv);
+#pragma unroll
+                for (int j = 0; j < V; ++j) o[j] = (v[k][j] - mean) * rstd * wv[j] + (b ? bv[j] : 0.0f);
+                store_f<T, V>(y + (size_t)i * V, o);
+            }
+        }
+    } else {
+        float s = 0.0f;
+        for (int i = g.tid; i < nvec; i += g.nthreads) {
+            float a[V];
+            load_f<T, V>(x + (size_t)i * V, a);
+#pragma unroll
+            for (int j = 0; j < V; ++j) s += a[j];
+        }
+        const float mean = g.sum(s) * inv_n;
+        float q = 0.0f;
+        for (int i = g.tid; i < nvec; i += g.nthreads) {
+            float a[V];
+            load_f<T, V>(x + (size_t)i * V, a);
+#pragma unroll
+            for (int j = 0; j < V; ++j) { const float d = a[j] - mean; q = fmaf(d, d, q); }
+        }
+        const float rstd = 1.0f / sqrtf(g.sum(q) * inv_n + eps);
+        for (int i = g.tid; i < nvec; i += g.nthreads) {
+            float a[V], wv[V], bv[V], o[V];
+            load_f<T, V>(x + (size_t)i * V, a);
+            load_f<T, V>(w + (size_t)i * V, wv);
+            if (b) load_f<T, V>(b + (size_t)i * V, bv);
+#pragma unroll
+            for (int j = 0; j < V; ++j) o[j] = (a[j] - mean) * rstd * wv[j] + (b ? bv[j] : 0.0f);
+            store_f<T, V>(y + (size_t)i * V, o);
+        }
+    }
+}
+
+template <typename T>
+__device__ __forceinline__ void rms_norm_kernel(const T* x, const T* w, T* y, long long rows, int n,
+                                                float eps, int vec) {
+    const RowGroup g = RowGroup::make();
+    for (long long r = g.first_row(); r < rows; r += g.row_step()) {
+        const T* xr = x + r * n;
+        T* yr = y + r * n;
+        if (vec) rms_row<T, VecWidth<T>::value>(xr, w, yr, n, eps, g);
+        else rms_row<T, 1>(xr, w, yr, n, eps, g);
+    }
+}
+
+template <typename T>
+__device__ __forceinline__ void layer_norm_kernel(const T* x, const T* w, const T* b, T* y,
+                                                  long long rows, int n, float eps, int vec) {
+    const RowGroup g = RowGroup::make();
+    for (long long r = g.first_row(); r < rows; r += g.row_step()) {
+        const T* xr = x + r * n;
+        T* yr = y + r * n;
+        if (vec) layer_row<T, VecWidth<T>::value>(xr, w, b, yr, n, eps, g);
+        else layer_row<T, 1>(xr, w, b, yr, n, eps, g);
+    }
+}
+
+}  // namespace tops
+
+#define TOPS_NORM(T, S)                                                                        \
+    extern "C" __global__ void __launch_bounds__(512) rms_norm_##S(const T* __restrict__ x, const T* __restrict__ w,  \
+                                            T* __restrict__ y, long long rows, int n,          \
+                                            float eps, int vec) {                              \
+        tops::rms_norm_kernel<T>(x, w, y, rows, n, eps, vec);                                  \
+    }                                                                                          \
+    extern "C" __global__ void __launch_bounds__(512) layer_norm_##S(const T* __restrict__ x, const T* __restrict__ w,\
+                                              const T* __restrict__ b, T* __restrict__ y,      \
+                                              long long rows, int n, float eps, int vec) {     \
+        tops::layer_norm_kernel<T>(x, w, b, y, rows, n, eps, vec);                             \
+    }
+TOPS_FOR_EACH_DTYPE(TOPS_NORM)
+#undef TOPS_NORM

@@ -1,0 +1,88 @@
+// softmax over the last axis: same row layout as norm.cu (warp or block per row, launch-selected).
+#include "common.cuh"
+
+namespace tops {
+
+template <typename T, int V>
+__device__ __forceinline__ void softmax_row(const T* __restrict__ x, T* __restrict__ y, int n,
+                                            const RowGroup& g) {
+    constexpr int NV = CACHE_FLOATS / V;
+    const int nvec = n / V;
+    const float NEG_INF = __int_as_float(0xff800000);
+    // The scalar (unaligned / odd width) path streams: caching it costs registers that
+    // would lower the occupancy of the vector path, which shares the kernel.
+    if constexpr (V > 1) if (nvec <= NV * g.nthreads) {
+        float v[NV][V];
+        float m = NEG_INF;
+#pragma unroll
+        for (int k = 0; k < NV; ++k) {
+            const int i = g.tid + k * g.nthreads;
+            if (i < nvec) {
+                load_f<T, V>(x + (size_t)i * V, v[k]);
+#pragma unroll
+                for (int j = 0; j < V; ++j) m = fmaxf(m, v[k][j]);
+            }
+        }
+        m = g.max(m);
+        float s = 0.0f;
+#pragma unroll
+        for (int k = 0; k < NV; ++k) {
+            const int i = g.tid + k * g.nthreads;
+            if (i < nvec) {
+#pragma unroll
+                for (int j = 0; j < V; ++j) { v[k][j] = expf(v[k][j] - m); s += v[k][j]; }
+            }
+        }
+        const float inv = 1.0f / g.sum(s);
+#pragma unroll
+        for (int k = 0; k < NV; ++k) {
+            const int i = g.tid + k * g.nthreads;
+            if (i < nvec) {
+                float o[V];
+#pragma unroll
+                for (int j = 0; j < V; ++j) o[j] = v[k][j] * inv;
+                store_f<T, V>(y + (size_t)i * V, o);
+            }
+        }
+    } else {
+        // Online max/sum in one read, then one read + write.
+        float m = NEG_INF, s = 0.0f;
+        for (int i = g.tid; i < nvec; i += g.nthreads) {
+            float a[V];
+            load_f<T, V>(x + (size_t)i * V, a);
+#pragma unroll
+            for (int j = 0; j < V; ++j) {
+                if (a[j] > m) { s = s * expf(m - a[j]) + 1.0f; m = a[j]; }
+                else if (m != NEG_INF) s += expf(a[j] - m);  // -inf before any finite value adds 0
+            }
+        }
+        const float M = g.max(m);
+        const float inv = 1.0f / g.sum(m == NEG_INF ? 0.0f : s * expf(m - M));
+        for (int i = g.tid; i < nvec; i += g.nthreads) {
+            float a[V], o[V];
+            load_f<T, V>(x + (size_t)i * V, a);
+#pragma unroll
+            for (int j = 0; j < V; ++j) o[j] = expf(a[j] - M) * inv;
+            store_f<T, V>(y + (size_t)i * V, o);
+        }
+    }
+}
+
+template <typename T>
+__device__ __forceinline__ void softmax_kernel(const T* x, T* y, long long rows, int n, int vec) {
+    const RowGroup g = RowGroup::make();
+    for (long long r = g.first_row(); r < rows; r += g.row_step()) {
+        if (vec) softmax_row<T, VecWidth<T>::value>(x + r * n, y + r * n, n, g);
+        else softmax_row<T, 1>(x + r * n, y + r * n, n, g);
+    }
+}
+
+}  // namespace tops
+
+#define TOPS_SOFTMAX(T, S)                                                                     \
+    extern "C" __global__ void __launch_bounds__(512) softmax_##S(const T* __restrict__ x, T* __restrict__ y,         \
+                                           long long rows, int n, int vec) {                   \
+        tops::softmax_kernel<T>(x, y, rows, n, vec);                                           \
+    }
+TOPS_FOR_EACH_DTYPE(TOPS_SOFTMAX)
+#undef TOPS_SOFTMAX

@@ -1,0 +1,66 @@
+"""``python -m tensor_ops info`` — explain the selection; ``python -m tensor_ops bench`` — the
+benchmark engine (no build, no config write by default)."""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+import numpy as np
+
+
+def _cmd_info(args) -> int:
+    import tensor_ops as to
+    try:
+        to.reload_config()
+    except ValueError as exc:
+        print(f"configuration error: {exc}", file=sys.stderr)
+        return 1
+    # Resolve every facade op once so the table shows the order and the selection.
+    x = np.zeros((1, 8), np.float32)
+    w = np.ones(8, np.float32)
+    probes = {"rms_norm": lambda: to.rms_norm(x, w), "layer_norm": lambda: to.layer_norm(x, w),
+              "softmax": lambda: to.softmax(x), "silu": lambda: to.silu(x), "gelu": lambda: to.gelu(x),
+              "relu": lambda: to.relu(x), "swiglu": lambda: to.swiglu(x), "geglu": lambda: to.geglu(x),
+              "rope": lambda: to.rope(x, np.ones((1, 4), np.float32), np.zeros((1, 4), np.float32)),
+              "matmul": lambda: to.matmul(x, w[:, None])}
+    errors = {}
+    for op, fn in probes.items():
+        try:
+            fn()
+        except Exception as exc:  # shown in the table, not fatal
+            errors[op] = f"{type(exc).__name__}: {exc}"
+    info = to.get_backend_info()
+    if args.json:
+        print(json.dumps(info, indent=2, default=str))
+    else:
+        print(to.format_info(info))
+        for op, e in errors.items():
+            print(f"{op}: {e}")
+    return 0
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(prog="python -m tensor_ops")
+    sub = p.add_subparsers(dest="cmd", required=True)
+    pi = sub.add_parser("info", help="explain which backend serves each op and why")
+    pi.add_argument("--json", action="store_true", help="print get_backend_info() as JSON")
+    pb = sub.add_parser("bench", help="benchmark ops × backends against a 2-thread memory copy")
+    try:
+        from ._bench_cli import add_arguments
+        add_arguments(pb)
+    except ImportError:
+        pass
+    args = p.parse_args(argv)
+    if args.cmd == "info":
+        return _cmd_info(args)
+    try:
+        from ._bench_cli import run_cli
+    except ImportError:
+        print("the benchmark engine is not part of this build", file=sys.stderr)
+        return 1
+    return run_cli(args)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

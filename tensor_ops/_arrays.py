@@ -1,0 +1,55 @@
+"""What kind of array a value is, without importing the toolkits that define them.
+
+NumPy arrays take the fast path everywhere; CuPy arrays, torch tensors and
+``pyopencl.array.Array`` are recognised by their type's module so that ``import tensor_ops``
+never imports cupy, torch or pyopencl.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+FLOAT_DTYPES = (np.dtype(np.float16), np.dtype(np.float32), np.dtype(np.float64))
+_FLOAT_SET = frozenset(FLOAT_DTYPES)
+ACCEPTED = "float16, float32 or float64"
+
+
+def kind_of(a) -> str:
+    """'numpy', 'cupy', 'torch', 'pyopencl' or '' (not an array we take)."""
+    t = type(a)
+    if t is np.ndarray:
+        return "numpy"
+    mod = t.__module__.split(".", 1)[0]
+    if mod in ("cupy", "torch", "pyopencl"):
+        return mod
+    if isinstance(a, np.ndarray):
+        return "numpy"
+    return ""
+
+
+def np_dtype(a, kind: str):
+    """The array's dtype as a NumPy dtype (torch dtypes mapped; bfloat16 → None)."""
+    if kind == "numpy":
+        return a.dtype
+    if kind == "torch":
+        import torch  # only reached when the caller already passed a torch tensor
+        return {torch.float16: np.dtype(np.float16), torch.float32: np.dtype(np.float32),
+                torch.float64: np.dtype(np.float64)}.get(a.dtype, None)
+    return np.dtype(a.dtype)
+
+
+def dtype_label(a, kind: str) -> str:
+    return str(a.dtype).replace("torch.", "") if kind == "torch" else str(np.dtype(a.dtype))
+
+
+def device_of(a, kind: str) -> str:
+    if kind == "cupy":
+        return f"cuda:{a.device.id}"
+    if kind == "torch":
+        return str(a.device)
+    if kind == "pyopencl":
+        return f"opencl:{a.queue.device.name if a.queue is not None else '?'}"
+    return "cpu"
+
+
+def is_float(dt) -> bool:
+    return dt in _FLOAT_SET

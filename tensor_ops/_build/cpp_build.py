@@ -1,0 +1,219 @@
+"""Build ``tensor_ops._cpp`` (cpp_ext/): one module, three ISA variants of the kernels.
+
+setup.py loads this file by path (never ``import tensor_ops``) and uses::
+
+    ext_modules=cpp_build.extensions(), cmdclass={"build_ext": cpp_build.BuildExt}
+
+The kernel sources (``KERNEL_SOURCES``) are compiled once per variant, each time with
+``-DTO_ISA=<n>`` and only that variant's flags, into separate object directories, and linked
+with the binding ``module.cpp`` (baseline flags) into one extension; the module picks a
+variant at import with ``__builtin_cpu_supports``. Nothing is built with ``-march=native``.
+
+Environment:
+    TENSOR_OPS_SKIP_CPP=1       do not build the extension at all
+    TENSOR_OPS_REQUIRE_CPP=1    a failed build is an error (default: report it, go on)
+    TENSOR_OPS_CPP_SANITIZE=1   -O1 -g -fsanitize=address,undefined (see cpp_ext/sanitize.sh)
+    TENSOR_OPS_CPP_VARIANTS=..  comma list to build (default: scalar,avx2,avx512 on x86)
+
+A missing pybind11 or C++ compiler never breaks the install: the extension is skipped
+with a printed reason, ``backend.json`` records it under ``built.cpp``, and the package
+imports; the cpp backend then reports itself unavailable with the reason.
+"""
+from __future__ import annotations
+
+import importlib.util
+import os
+import platform
+import sys
+import traceback
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+from setuptools import Extension
+from setuptools.command.build_ext import build_ext
+
+EXT_NAME = "tensor_ops._cpp"
+SRC_DIR = "cpp_ext"  # relative to setup.py, as setuptools wants
+KERNEL_SOURCES = ["norm.cpp", "softmax.cpp", "activation.cpp", "rope.cpp", "optim.cpp", "table.cpp"]
+HEADERS = ["simd.h", "vmath.h", "kernels.h", "variant.h"]
+
+_UNIX_VARIANTS = {
+    "scalar": (0, []),
+    "avx2": (1, ["-mavx2", "-mfma", "-mf16c"]),
+    "avx512": (2, ["-mavx512f", "-mavx512bw", "-mavx512dq", "-mavx512vl", "-mavx2", "-mfma", "-mf16c"]),
+}
+_MSVC_VARIANTS = {"scalar": (0, []), "avx2": (1, ["/arch:AVX2"]), "avx512": (2, ["/arch:AVX512"])}
+
+
+def _say(msg: str) -> None:
+    print(f"build_ext[cpp]: {msg}", file=sys.stderr, flush=True)
+
+
+def _is_x86() -> bool:
+    return platform.machine().lower() in ("x86_64", "amd64", "i386", "i686", "x86")
+
+
+def _record(value: dict) -> None:
+    """Write built.cpp into backend.json through record.py (loaded by path)."""
+    try:
+        path = Path(__file__).resolve().parent / "record.py"
+        spec = importlib.util.spec_from_file_location("_tensor_ops_build_record", path)
+        mod = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(mod)
+        written = mod.update_section("built", "cpp", value)
+        _say(f"recorded built.cpp in {written}")
+    except Exception as exc:  # recording is a convenience, never a build failure
+        _say(f"could not record the build result ({type(exc).__name__}: {exc})")
+
+
+def extensions() -> list:
+    """The extension list for setup(); [] (with a printed reason) when it cannot be built."""
+    if os.environ.get("TENSOR_OPS_SKIP_CPP") == "1":
+        _say("TENSOR_OPS_SKIP_CPP=1: not building tensor_ops._cpp")
+        return []
+    try:
+        import pybind11
+    except ImportError as exc:
+        reason = (f"pybind11 is not importable ({exc}); `pip install pybind11` and rebuild "
+                  "(`pip install -e .` or `python setup.py build_ext --inplace`)")
+        _say(f"tensor_ops._cpp will not be built: {reason}")
+        _record({"ok": False, "reason": reason})
+        return []
+    src = Path(SRC_DIR)
+    return [
+        Extension(
+            EXT_NAME,
+            sources=[str(src / "module.cpp")],
+            include_dirs=[pybind11.get_include(), SRC_DIR],
+            depends=[str(src / h) for h in HEADERS] + [str(src / s) for s in KERNEL_SOURCES],
+            language="c++",
+        )
+    ]
+
+
+class BuildExt(build_ext):
+    """build_ext that compiles the per-ISA kernel objects first and never fails the install."""
+
+    def build_extensions(self):
+        failed = []
+        for ext in list(self.extensions):
+            if ext.name != EXT_NAME:
+                self.build_extension(ext)
+                continue
+            try:
+                self._build_cpp(ext)
+            except Exception as exc:
+                reason = f"{type(exc).__name__}: {str(exc).strip() or traceback.format_exc(limit=1)}"
+                _say(f"tensor_ops._cpp was NOT built ({reason}). The package still works; the cpp "
+                     "backend reports itself unavailable. Install a C++17 compiler (g++ / clang++) and "
+                     "re-run `python setup.py build_ext --inplace` or `pip install -e .`.")
+                _record({"ok": False, "reason": reason})
+                if os.environ.get("TENSOR_OPS_REQUIRE_CPP") == "1":
+                    raise
+                failed.append(ext)
+        # Later steps (inplace copy, editable-wheel output mapping) must not look for it.
+        for ext in failed:
+            self.extensions.remove(ext)
+
+    # -- helpers -----------------------------------------------------------------------
+    def _flags(self):
+        msvc = self.compiler.compiler_type == "msvc"
+        sanitize = os.environ.get("TENSOR_OPS_CPP_SANITIZE") == "1"
+        if msvc:
+            common = ["/O2", "/std:c++17", "/EHsc"]
+            variants = dict(_MSVC_VARIANTS)
+            link = []
+        else:
+            common = ["-std=c++17", "-fvisibility=hidden", "-fno-math-errno"]
+            if sanitize:
+                common += ["-O1", "-g", "-fno-omit-frame-pointer", "-fsanitize=address,undefined",
+                           "-fno-sanitize-recover=undefined"]
+                link = ["-fsanitize=address,undefined"]
+            else:
+                common += ["-O3"]
+                link = []
+            variants = dict(_UNIX_VARIANTS)
+        if not _is_x86():
+            variants = {"scalar": variants["scalar"]}
+        wanted = os.environ.get("TENSOR_OPS_CPP_VARIANTS")
+        if wanted:
+            keep = {w.strip() for w in wanted.split(",") if w.strip()} | {"scalar"}
+            variants = {k: v for k, v in variants.items() if k in keep}
+        return msvc, common, link, variants
+
+    def _openmp_flags(self, msvc: bool, tmp: Path):
+        flag = "/openmp" if msvc else "-fopenmp"
+        probe = tmp / "omp_probe.cpp"
+        probe.write_text("#include <omp.h>\nint to_probe() { return omp_get_max_threads(); }\n")
+        try:
+            self.compiler.compile([str(probe)], output_dir=str(tmp / "omp_probe"), extra_postargs=[flag])
+        except Exception as exc:
+            _say(f"OpenMP not available ({type(exc).__name__}); building single-threaded kernels")
+            return [], [], False
+        return [flag], ([] if msvc else [flag]), True
+
+    def _build_cpp(self, ext: Extension) -> None:
+        msvc, common, link, variants = self._flags()
+        tmp = Path(self.build_temp).resolve() / "tensor_ops_cpp"
+        tmp.mkdir(parents=True, exist_ok=True)
+        omp_c, omp_l, has_omp = self._openmp_flags(msvc, tmp)
+
+        jobs = [(name, isa, vflags, src) for name, (isa, vflags) in variants.items() for src in KERNEL_SOURCES]
+
+        def compile_one(job):
+            name, isa, vflags, src = job
+            return self.compiler.compile(
+                [f"{SRC_DIR}/{src}"],
+                output_dir=str(tmp / f"isa_{name}"),
+                macros=[("TO_ISA", str(isa))],
+                include_dirs=[SRC_DIR],
+                extra_postargs=common + vflags,
+                depends=[f"{SRC_DIR}/{h}" for h in HEADERS],
+            )
+
+        objects: dict[str, list] = {name: [] for name in variants}
+        errors: dict[str, str] = {}
+        workers = max(1, min(len(jobs), os.cpu_count() or 1))
+        with ThreadPoolExecutor(max_workers=workers) as pool:
+            futures = [(job, pool.submit(compile_one, job)) for job in jobs]
+            for job, fut in futures:
+                try:
+                    objects[job[0]].extend(fut.result())
+                except Exception as exc:
+                    errors.setdefault(job[0], f"{job[3]}: {type(exc).__name__}: {exc}")
+        if "scalar" in errors:
+            raise RuntimeError(f"the portable kernel variant failed to compile ({errors['scalar']})")
+        built = [name for name in variants if name not in errors]
+        for name, err in errors.items():
+            _say(f"ISA variant {name} skipped (the compiler refused its flags): {err}")
+
+        quote = lambda s: s.replace("\\", "\\\\").replace('"', '\\"')  # noqa: E731
+        header = ["// generated by tensor_ops/_build/cpp_build.py", "#pragma once",
+                  f'#define TO_FLAGS_COMMON "{quote(" ".join(common + omp_c))}"']
+        for name in ("scalar", "avx2", "avx512"):
+            fl = " ".join(variants[name][1]) if name in built else "(not built)"
+            header.append(f'#define TO_FLAGS_{name.upper()} "{quote(fl)}"')
+        gen = tmp / "gen"
+        gen.mkdir(exist_ok=True)
+        (gen / "to_build_info.h").write_text("\n".join(header) + "\n")
+
+        ext.extra_objects = list(ext.extra_objects or []) + [o for name in built for o in objects[name]]
+        ext.define_macros = list(ext.define_macros or []) + [(f"TO_HAVE_{n.upper()}", "1") for n in built if n != "scalar"]
+        ext.include_dirs = list(ext.include_dirs) + [str(gen)]
+        ext.extra_compile_args = list(ext.extra_compile_args or []) + common + omp_c
+        ext.extra_link_args = list(ext.extra_link_args or []) + link + omp_l
+        # module.cpp must be rebuilt whenever the variant objects change.
+        ext.depends = list(ext.depends or []) + [o for name in built for o in objects[name]]
+        super().build_extension(ext)
+        compiler = getattr(self.compiler, "compiler_so", None) or [self.compiler.compiler_type]
+        _record({
+            "ok": True,
+            "variants": built,
+            "skipped_variants": errors,
+            "openmp": has_omp,
+            "compiler": " ".join(compiler[:1]),
+            "flags": {"common": common + omp_c, **{n: variants[n][1] for n in built}},
+            "sanitize": os.environ.get("TENSOR_OPS_CPP_SANITIZE") == "1",
+            "module": self.get_ext_fullpath(ext.name),
+        })
+        _say(f"built {EXT_NAME} with variants {built}, OpenMP {'on' if has_omp else 'off'}")

@@ -1,0 +1,23 @@
+"""Exception and warning types shared by every layer.
+
+User errors are plain ``ValueError``/``TypeError`` raised by validation before dispatch;
+everything in this module is about the *environment*, so the resolver can tell a backend
+failure (fall back) from a user mistake (propagate).
+"""
+from __future__ import annotations
+
+
+class BackendError(RuntimeError):
+    """A backend failed to run an op (driver error, build error, OOM, missing symbol)."""
+
+
+class BackendUnavailableError(RuntimeError):
+    """A backend that was explicitly required (forced, strict) cannot be used here."""
+
+
+class BackendFallbackWarning(RuntimeWarning):
+    """Emitted once per (op, impl) when a failing impl is skipped for the next candidate."""
+
+
+class ConfigError(ValueError):
+    """backend.json or a TENSOR_OPS_* / TE_* variable holds an invalid value."""

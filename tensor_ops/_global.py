@@ -1,0 +1,167 @@
+"""The process-wide registry and manager, built lazily on first use, plus the public
+selection API (set_backend / use_backend / get_backend / reload_config).
+
+``import tensor_ops`` does none of this: the first op call (or info query) registers the
+built-in backends, loads plugins, validates the configuration and builds the manager.
+Backend availability is decided later still, per backend, the first time an order reaches it.
+"""
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import threading
+from typing import Iterator, Optional
+
+from . import _state
+from ._manager import OpManager
+from ._policy import ENV_PLUGINS, _first, build_settings
+from ._registry import OpRegistry
+
+log = logging.getLogger("tensor_ops")
+
+_lock = threading.RLock()
+_registry: Optional[OpRegistry] = None
+_manager: Optional[OpManager] = None
+_builtins: dict = {}
+_plugins: list = []
+_loaded_plugin_names: set = set()
+_handler: Optional[logging.Handler] = None
+
+
+def manager() -> OpManager:
+    """The global OpManager (built on first use)."""
+    m = _manager
+    if m is None:
+        m = _init()
+    return m
+
+
+def get_manager() -> OpManager:
+    """The global :class:`OpManager` that the facade and tex dispatch through."""
+    return manager()
+
+
+def get_registry() -> OpRegistry:
+    """The global :class:`OpRegistry` (built-in backends and plugins registered)."""
+    manager()
+    return _registry
+
+
+def _apply_logging(settings) -> None:
+    global _handler
+    log.setLevel(getattr(logging, settings.log_level))
+    if settings.log_source != "default" and not log.handlers and not logging.getLogger().handlers:
+        _handler = logging.StreamHandler()
+        _handler.setFormatter(logging.Formatter("[tensor_ops %(filename)s:%(lineno)d %(levelname)s] %(message)s"))
+        log.addHandler(_handler)
+
+
+def _load_env_plugins(registry, first_time: bool) -> None:
+    from ._plugins import load_plugins
+    v, var = _first(os.environ, ENV_PLUGINS)
+    mods = [(m.strip(), f"env {var}") for m in (v or "").split(",") if m.strip()]
+    fresh = [(m, src) for m, src in mods if m not in _loaded_plugin_names]
+    records = load_plugins(registry, fresh, entry_points=first_time)
+    for r in records:
+        _loaded_plugin_names.add(r["name"])
+    _plugins.extend(records)
+
+
+def _init() -> OpManager:
+    global _registry, _manager
+    with _lock:
+        if _manager is not None:
+            return _manager
+        from .backends import register_builtins
+        registry = OpRegistry(strict_names=True)
+        _builtins.update(register_builtins(registry))
+        _registry = registry
+        _load_env_plugins(registry, True)
+        settings = build_settings(os.environ, registry.backends())
+        _apply_logging(settings)
+        _manager = OpManager(registry, settings)
+        return _manager
+
+
+def reload_config() -> None:
+    """Re-read environment variables and backend.json; drop cached resolutions.
+
+    Raises ConfigError (a ValueError) naming the file/variable and key when invalid; the
+    previous configuration then stays in force.
+    """
+    with _lock:
+        m = manager()
+        _load_env_plugins(_registry, False)
+        settings = build_settings(os.environ, _registry.backends())
+        _apply_logging(settings)
+        m.invalidate(settings)
+
+
+def _check_override(name) -> None:
+    manager()._tokens_for_override(name)
+
+
+def set_backend(name: Optional[str]) -> None:
+    """Force a backend (or an order, ``"cpp,numpy"``) for every op; ``None`` clears it.
+
+    Example:
+        >>> import tensor_ops as to
+        >>> to.set_backend("numpy"); to.get_backend("rms_norm")
+        'numpy'
+        >>> to.set_backend(None)
+    """
+    if name is not None:
+        _check_override(name)
+    _state.global_backend = name
+
+
+@contextlib.contextmanager
+def use_backend(name: str) -> Iterator[None]:
+    """Context manager: force ``name`` (or an order) inside the block, this thread/task only.
+
+    Example:
+        >>> import numpy as np, tensor_ops as to
+        >>> with to.use_backend("numpy"):
+        ...     y = to.silu(np.zeros(3, np.float32))
+    """
+    _check_override(name)
+    token = _state.context_backend.set(name)
+    try:
+        yield
+    finally:
+        _state.context_backend.reset(token)
+
+
+_ORDER = ("cuda", "opencl", "cpp", "numpy")
+
+
+def get_backend(op: Optional[str] = None, dtype: str = "float32", nbytes: int = 1 << 26) -> str:
+    """The backend that serves ``op`` (for ``dtype`` input of ``nbytes``), or, with no op, the
+    first available backend of the default order.
+    """
+    m = manager()
+    if op is None:
+        for name in _ORDER:
+            impls = [i for i in m.registry.all_impls() if i.backend == name]
+            if impls and not m._exclusion(impls[0]):
+                return name
+        return "numpy"
+    override = _state.context_backend.get() or _state.global_backend
+    res = m.resolve(op, override, "facade" if op in _FACADE_NAMES else None, dtype, nbytes)
+    if not res.candidates:
+        raise NotImplementedError(f"no available implementation of op {op!r}")
+    return res.candidates[0].backend
+
+
+from ._ops import FACADE_OPS as _FACADE_NAMES  # noqa: E402
+
+
+def builtins() -> dict:
+    manager()
+    return dict(_builtins)
+
+
+def plugins() -> list:
+    manager()
+    return list(_plugins)

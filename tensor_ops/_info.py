@@ -1,0 +1,131 @@
+"""get_backend_info(): why each op runs where it runs, as a dict and as a readable table."""
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from . import _global, _version
+from ._errors import ConfigError
+from ._policy import ALL_ENV
+
+
+def _backend_info(name: str, mod: Any, m) -> dict:
+    if isinstance(mod, str):
+        return {"available": False, "reason": mod, "kind": "default"}
+    impls = [i for i in m.registry.all_impls() if i.backend == name]
+    kind = impls[0].kind.value if impls else "default"
+    ok, reason = (m.availability(impls[0]) if impls else (False, "registers no ops"))
+    out = {"available": ok, "reason": None if ok else reason, "kind": kind,
+           "disabled": m.settings.disabled.get(name) if m.settings else None,
+           "ops": sorted({i.op_name for i in impls if i.api == "facade"})}
+    if ok and hasattr(mod, "info"):
+        try:
+            out["info"] = mod.info()
+        except Exception as exc:  # info must never break introspection
+            out["info"] = {"error": f"{type(exc).__name__}: {exc}"}
+    return out
+
+
+def get_backend_info() -> dict:
+    """Everything about the current selection.
+
+    Returns a dict with: ``version``; ``config`` (path, location, error if invalid);
+    ``settings`` (value and source of each); ``backends`` (available, reason, kind, info);
+    ``vendors`` (non-built-in impls); ``ops`` (order, selected impl, calls, fallbacks,
+    source); ``plugins`` (loaded/failed with reasons); ``tuning`` status; ``env`` (the
+    TENSOR_OPS_* / TE_* variables set).
+
+    Example:
+        >>> import tensor_ops as to
+        >>> sorted(to.get_backend_info()["backends"])
+        ['cpp', 'cuda', 'numpy', 'opencl']
+    """
+    info: dict = {"version": _version.__version__,
+                  "env": {k: os.environ[k] for k in ALL_ENV if k in os.environ}}
+    try:
+        m = _global.manager()
+    except ConfigError as exc:
+        info["config"] = {"error": str(exc)}
+        return info
+    s = m.settings
+    f = s.file
+    info["config"] = {"path": str(f.path) if f.path else None, "location": f.location}
+    info["settings"] = {
+        "force": {"value": s.force or f.force,
+                  "source": s.force_source if s.force else ("backend.json 'force'" if f.force else "default")},
+        "priority": {"value": s.env_priority or f.priority or ["cuda", "opencl", "cpp", "numpy"],
+                     "source": s.env_priority_source if s.env_priority else
+                     ("backend.json 'priority'" if f.priority else "built-in default")},
+        "per_op": {"value": {**f.per_op, **s.env_per_op},
+                   "source": s.env_per_op_source or ("backend.json 'per_op'" if f.per_op else "default")},
+        "strict": {"value": s.strict, "source": s.strict_source},
+        "disabled": {"value": sorted(s.disabled), "source": dict(s.disabled)},
+        "allow_vendors": {"value": s.allow_vendors, "source": s.allow_source},
+        "deny_vendors": {"value": s.deny_vendors, "source": s.deny_source},
+        "fallback": {"value": s.fallback, "source": s.fallback_source},
+        "log_level": {"value": s.log_level, "source": s.log_source},
+        "runtime_override": {"set_backend": _global._state.global_backend,
+                             "use_backend": _global._state.context_backend.get()},
+    }
+    info["tuning"] = {"status": s.tuning_status, "ops": sorted(s.tuning_ops)}
+    info["backends"] = {name: _backend_info(name, mod, m) for name, mod in _global.builtins().items()}
+    vendors: dict = {}
+    for impl in m.registry.all_impls():
+        if impl.backend not in info["backends"]:
+            v = vendors.setdefault(impl.backend, {"kind": impl.kind.value, "vendor": impl.vendor, "ops": []})
+            ok, reason = m.availability(impl)
+            v["available"], v["reason"] = ok, (None if ok else reason)
+            v["ops"].append(impl.op_name)
+    info["vendors"] = vendors
+    info["ops"] = m.op_info()
+    info["plugins"] = {"loaded": [p for p in _global.plugins() if p["ok"]],
+                       "failed": [p for p in _global.plugins() if not p["ok"]]}
+    return info
+
+
+def format_info(info: dict) -> str:
+    """Plain-text tables for ``python -m tensor_ops info``."""
+    lines = [f"tensor_ops {info['version']}"]
+    cfg = info.get("config", {})
+    if "error" in cfg:
+        return "\n".join(lines + [f"configuration error: {cfg['error']}"])
+    lines.append(f"config: {cfg.get('path') or '(none: built-in defaults)'}  [{cfg.get('location')}]")
+    lines.append(f"tuning: {info['tuning']['status']}")
+    lines.append("")
+    lines.append(f"{'setting':<16} {'value':<40} source")
+    for k, v in info["settings"].items():
+        if k == "runtime_override":
+            continue
+        val = v["value"]
+        lines.append(f"{k:<16} {str(val):<40} {v['source']}")
+    ro = info["settings"]["runtime_override"]
+    lines.append(f"{'set_backend':<16} {str(ro['set_backend']):<40} runtime")
+    lines.append("")
+    lines.append(f"{'backend':<10} {'available':<10} details")
+    for name, b in info["backends"].items():
+        det = b.get("reason") or ", ".join(f"{k}={v}" for k, v in (b.get("info") or {}).items()
+                                           if not isinstance(v, (dict, list)))[:100]
+        lines.append(f"{name:<10} {'yes' if b['available'] else 'no':<10} {det}")
+    for name, v in info["vendors"].items():
+        lines.append(f"{name:<10} {'yes' if v['available'] else 'no':<10} {v['kind']} ({len(v['ops'])} ops)")
+    lines.append("")
+    lines.append("op selection (resolved so far in this process):")
+    lines.append(f"{'op':<22} {'selected':<18} {'calls':<24} source / order")
+    ops = info["ops"]
+    if not ops:
+        lines.append("  (no op resolved yet; `python -m tensor_ops info` resolves the facade ops)")
+    for op, o in sorted(ops.items()):
+        calls = ", ".join(f"{k}:{n}" for k, n in o.get("calls", {}).items()) or "-"
+        lines.append(f"{op:<22} {str(o.get('selected')):<18} {calls:<24} {o.get('source')}: {o.get('order')}")
+        for iid, why in o.get("excluded", {}).items():
+            lines.append(f"{'':<22} excluded {iid}: {why}")
+        if o.get("fallbacks"):
+            lines.append(f"{'':<22} fallbacks: {o['fallbacks']} {o.get('failures', {})}")
+    pl = info["plugins"]
+    if pl["loaded"] or pl["failed"]:
+        lines.append("")
+        for p in pl["loaded"]:
+            lines.append(f"plugin {p['name']} ({p['source']}): {p.get('impl_ids')}")
+        for p in pl["failed"]:
+            lines.append(f"plugin {p['name']} ({p['source']}) FAILED: {p['reason']}")
+    return "\n".join(lines)

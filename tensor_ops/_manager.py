@@ -1,0 +1,352 @@
+"""OpManager: ordered candidates per (op, policy), cached; per-call work is only ``supports``.
+
+Resolution (order tokens → candidate impls filtered by availability, disabled backends and
+vendor allow/deny lists) happens once per cache key: ``(op, api, runtime override, tuning
+bucket)``. A call walks the cached candidates: the first whose ``supports(*args)`` accepts
+runs; a backend failure (any exception except ValueError/TypeError, which are user errors)
+moves to the next candidate with one warning per (op, impl), unless strict.
+"""
+from __future__ import annotations
+
+import logging
+import threading
+import warnings
+from typing import Any, Optional
+
+from . import _state
+from ._config import check_token
+from ._errors import BackendError, BackendFallbackWarning, BackendUnavailableError
+from ._ops import BUILTIN_BACKENDS
+from ._registry import BackendImplKind, OpImpl, OpRegistry, default_api
+
+log = logging.getLogger("tensor_ops")
+
+_REF = BackendImplKind.REFERENCE
+_VENDOR = BackendImplKind.VENDOR
+
+
+class Resolution:
+    """The cached outcome of resolving one op under one policy."""
+
+    __slots__ = ("op", "api", "tokens", "source", "forced", "strict", "candidates", "excluded",
+                 "by_impl", "fallbacks", "logged", "note", "seq")
+
+    def __init__(self, op, api, tokens, source, forced, strict, candidates, excluded, note=""):
+        self.op, self.api, self.tokens, self.source = op, api, tokens, source
+        self.forced, self.strict = forced, strict
+        self.candidates: tuple = candidates
+        self.excluded: dict = excluded           # impl_id -> reason
+        self.by_impl: dict = {}
+        self.fallbacks = 0
+        self.logged: Optional[OpImpl] = None
+        self.note = note
+
+
+def _match(impl: OpImpl, tok: str) -> bool:
+    if tok in ("default", "vendor", "reference"):
+        return impl.kind.value == tok
+    if tok.startswith("vendor:"):
+        return impl.kind is _VENDOR and (impl.vendor or "").lower() == tok[7:]
+    if tok.startswith("impl:"):
+        return impl.impl_id == tok[5:]
+    return impl.backend == tok
+
+
+def _default_rank(impl: OpImpl) -> tuple:
+    """Order of impls no token named: built-in accelerated, other defaults, vendors, references."""
+    if impl.kind is _REF:
+        return (3, 0, -impl.priority, impl.impl_id)
+    if impl.kind is _VENDOR:
+        return (2, 0, -impl.priority, impl.impl_id)
+    b = BUILTIN_BACKENDS.index(impl.backend) if impl.backend in BUILTIN_BACKENDS else len(BUILTIN_BACKENDS)
+    return (1, b, -impl.priority, impl.impl_id)
+
+
+class OpManager:
+    """Resolve and call ops of an :class:`OpRegistry`.
+
+    Args:
+        registry: the impls to choose from.
+        settings: a :class:`tensor_ops._policy.Settings`; ``None`` means built-in defaults
+            with no configuration file or environment (what the TE-FL seed example expects
+            of a private registry).
+
+    Example:
+        >>> from tensor_ops.plugin import OpRegistry, OpManager, OpImpl, BackendImplKind
+        >>> reg = OpRegistry()
+        >>> _ = reg.register_impl(OpImpl(op_name="double", impl_id="vendor.demo",
+        ...                              kind=BackendImplKind.VENDOR, fn=lambda v: 2 * v))
+        >>> OpManager(reg).call("double", 21)
+        42
+    """
+
+    def __init__(self, registry: OpRegistry, settings=None) -> None:
+        self.registry = registry
+        self.settings = settings
+        self._lock = threading.RLock()
+        self._cache: dict = {}
+        self._avail: dict = {}               # impl -> (ok, reason)
+        self._warned: set = set()
+        self._retired: dict = {}             # (op, api) -> [calls by impl, fallbacks] of dropped caches
+        self._seq = 0
+        self._override_tokens: dict = {}
+        self._failures: dict = {}            # (op, api, impl_id) -> [count, last error]
+        registry._add_listener(self)
+        log.info("Registered impl_ids: %s", registry.impl_ids())
+
+    # -- invalidation -------------------------------------------------------------------
+    def _registry_changed(self) -> None:
+        self.invalidate()
+
+    def invalidate(self, settings: Any = None) -> None:
+        """Drop cached resolutions (policy or registry changed); counters are kept in info."""
+        with self._lock:
+            if settings is not None:
+                self.settings = settings
+            for res in self._cache.values():     # keep the counts of retired resolutions
+                acc = self._retired.setdefault((res.op, res.api), [{}, 0])
+                for k, v in res.by_impl.items():
+                    acc[0][k] = acc[0].get(k, 0) + v
+                acc[1] += res.fallbacks
+            self._cache = {}
+            self._override_tokens = {}
+
+    # -- availability -------------------------------------------------------------------
+    def availability(self, impl: OpImpl) -> tuple[bool, str]:
+        key = impl            # the object itself: an id() could be reused after unregistration
+        got = self._avail.get(key)
+        if got is None:
+            if impl.available is None:
+                got = (True, "")
+            else:
+                try:
+                    r = impl.available()
+                    got = (bool(r[0]), str(r[1] or "")) if isinstance(r, tuple) else (bool(r), "")
+                except Exception as exc:  # an availability check must not take the process down
+                    got = (False, f"availability check raised {type(exc).__name__}: {exc}")
+                if not got[0] and not got[1]:
+                    got = (False, "reported unavailable")
+            self._avail[key] = got
+        return got
+
+    # -- resolution ---------------------------------------------------------------------
+    def _names(self):
+        s = self.settings
+        return sorted(set(s.names if s else ()) | set(self.registry.backends()) | set(BUILTIN_BACKENDS))
+
+    def _tokens_for_override(self, override: str) -> list:
+        toks = self._override_tokens.get(override)
+        if toks is None:
+            names = self._names()
+            if not isinstance(override, str):
+                raise TypeError(f"backend must be a str such as 'cpp' or 'cpp,numpy', got {override!r}")
+            parts = [p for p in override.replace("|", ",").split(",") if p.strip()]
+            if not parts:
+                raise ValueError(f"backend must name at least one backend, got {override!r}; accepted: {names}")
+            try:
+                toks = [check_token(p, "backend", names) for p in parts]
+            except ValueError as exc:
+                raise ValueError(str(exc)) from None
+            self._override_tokens[override] = toks
+        return toks
+
+    def resolve(self, op: str, override: Optional[str] = None, api: Optional[str] = None,
+                dtype_name: Optional[str] = None, nbytes: int = 0) -> Resolution:
+        """The ordered candidates for ``op`` (cached)."""
+        api = api or default_api(op)
+        s = self.settings
+        bucket = s.bucket(op, dtype_name, nbytes) if s is not None and s.tuning_ops else -1
+        key = (op, api, override, bucket)
+        res = self._cache.get(key)
+        if res is None:
+            with self._lock:
+                res = self._cache.get(key)
+                if res is None:
+                    res = self._resolve(op, api, override, dtype_name, nbytes)
+                    self._seq += 1
+                    res.seq = (override is None, self._seq)
+                    self._cache[key] = res
+        return res
+
+    def _resolve(self, op, api, override, dtype_name, nbytes) -> Resolution:
+        s = self.settings
+        impls = self.registry.get_impls(op, api)
+        if override is not None:
+            tokens = self._tokens_for_override(override)
+            forced = len(tokens) == 1 and tokens[0] not in ("default", "vendor", "reference")
+            source = "call/use_backend/set_backend override"
+        elif s is not None:
+            tokens, source, forced = s.order_for(op, dtype_name, nbytes)
+        else:
+            tokens, source, forced = ["default", "vendor", "reference"], "built-in default", False
+        strict = bool(s.strict) if s is not None else False
+        if source == "built-in default":
+            # The default order names numpy last for readability; references are appended
+            # after every vendor impl anyway, which is what "reference always last" means.
+            tokens = [t for t in tokens if t not in ("numpy", "torch")]
+
+        excluded: dict = {}
+        usable: list = []
+        for impl in impls:
+            reason = self._exclusion(impl)
+            if reason:
+                excluded[impl.impl_id] = reason
+            else:
+                usable.append(impl)
+
+        ordered: list = []
+        for tok in tokens:
+            for impl in sorted((i for i in usable if _match(i, tok)), key=lambda i: (-i.priority, i.impl_id)):
+                if impl not in ordered:
+                    ordered.append(impl)
+        note = ""
+        if forced:
+            tok = tokens[0]
+            named = [i for i in impls if _match(i, tok)]
+            if named and not ordered:
+                reasons = "; ".join(f"{i.impl_id}: {excluded.get(i.impl_id)}" for i in named)
+                raise BackendUnavailableError(
+                    f"backend {tok!r} was forced for op {op!r} ({source}) but is not available: {reasons}")
+            if not named:
+                if not any(_match(i, tok) for i in self.registry.all_impls()) and tok not in self._names():
+                    raise BackendUnavailableError(f"backend {tok!r} was forced ({source}) but nothing by that name is registered")
+                note = f"{tok!r} has no {op!r}; served by the fallback"
+            fb = s.fallback if (s is not None and s.fallback) else ["reference"]
+            for ftok in fb:
+                for impl in sorted((i for i in usable if _match(i, ftok)), key=lambda i: (-i.priority, i.impl_id)):
+                    if impl not in ordered:
+                        ordered.append(impl)
+        else:
+            rest = sorted((i for i in usable if i not in ordered), key=_default_rank)
+            ordered += [i for i in rest if i.kind is not _REF] + [i for i in rest if i.kind is _REF]
+        return Resolution(op, api, tokens, source, forced, strict, tuple(ordered), excluded, note)
+
+    def _exclusion(self, impl: OpImpl) -> str:
+        s = self.settings
+        if s is not None:
+            for name in (impl.backend, (impl.vendor or "").lower()):
+                if name and name in s.disabled:
+                    return f"disabled by {s.disabled[name]}"
+            if impl.kind is _VENDOR:
+                v = (impl.vendor or impl.backend).lower()
+                if s.allow_vendors is not None and v not in s.allow_vendors:
+                    return f"vendor {v!r} not in allow_vendors {s.allow_vendors} ({s.allow_source})"
+                if v in s.deny_vendors:
+                    return f"vendor {v!r} denied ({s.deny_source})"
+        ok, reason = self.availability(impl)
+        return "" if ok else f"unavailable: {reason}"
+
+    # -- calling ------------------------------------------------------------------------
+    def call(self, op: str, *args, **kwargs):
+        """Call ``op`` with the best available impl (TE-FL's form)."""
+        return self.dispatch(op, args, kwargs)
+
+    def dispatch(self, op: str, args: tuple, kwargs: Optional[dict] = None, backend: Optional[str] = None,
+                 api: Optional[str] = None, dtype_name: Optional[str] = None, nbytes: int = 0,
+                 expect: Optional[tuple] = None):
+        """Resolve and run ``op``. ``backend`` overrides the order (a token or comma list);
+        ``expect=(shape, dtype)`` treats a wrongly shaped result as a backend failure."""
+        if backend is None:
+            backend = _state.context_backend.get()
+            if backend is None:
+                backend = _state.global_backend
+        res = self.resolve(op, backend, api, dtype_name, nbytes)
+        kwargs = kwargs or {}
+        last_exc = None
+        for impl in res.candidates:
+            sup = impl.supports
+            if sup is not None and not sup(*args, **kwargs):
+                continue
+            try:
+                out = impl.fn(*args, **kwargs)
+                if expect is not None and (getattr(out, "shape", None) != expect[0]
+                                           or getattr(out, "dtype", None) != expect[1]):
+                    raise BackendError(
+                        f"{impl.impl_id} returned {type(out).__name__} of shape {getattr(out, 'shape', None)} "
+                        f"dtype {getattr(out, 'dtype', None)}; expected shape {expect[0]} dtype {expect[1]}")
+            except (ValueError, TypeError):
+                raise
+            except Exception as exc:  # a backend failure: fall back (or raise when strict)
+                last_exc = exc
+                if res.strict:
+                    self._count_failure(res, impl, exc, warn=False)
+                    raise BackendError(f"op {op!r}: {impl.impl_id} failed and strict mode forbids fallback: "
+                                       f"{type(exc).__name__}: {exc}") from exc
+                self._count_failure(res, impl, exc, warn=True)
+                continue
+            by = res.by_impl
+            by[impl.impl_id] = by.get(impl.impl_id, 0) + 1
+            if res.logged is not impl:
+                self._log_choice(res, impl)
+            return out
+        raise self._no_candidate(res, args, kwargs, last_exc)
+
+    def _count_failure(self, res: Resolution, impl: OpImpl, exc: BaseException, warn: bool) -> None:
+        with self._lock:
+            res.fallbacks += 1
+            key = (res.op, res.api, impl.impl_id)
+            first = key not in self._warned
+            self._warned.add(key)
+            self._failures.setdefault(key, [0, ""])
+            self._failures[key][0] += 1
+            self._failures[key][1] = f"{type(exc).__name__}: {exc}"
+        if warn and first:
+            msg = (f"tensor_ops: op {res.op!r} impl {impl.impl_id!r} failed ({type(exc).__name__}: {exc}); "
+                   f"falling back to the next candidate (set TENSOR_OPS_STRICT=1 to raise instead)")
+            log.warning(msg)
+            warnings.warn(msg, BackendFallbackWarning, stacklevel=4)
+
+    def _log_choice(self, res: Resolution, impl: OpImpl) -> None:
+        res.logged = impl
+        extra = f"vendor={impl.vendor}" if impl.kind is _VENDOR else f"backend={impl.backend}"
+        log.info("Op '%s' using '%s' (kind=%s, %s)", res.op, impl.impl_id, impl.kind.value, extra)
+
+    def _no_candidate(self, res: Resolution, args, kwargs, last_exc):
+        if last_exc is not None:
+            return BackendError(f"op {res.op!r}: every candidate failed; last error "
+                                f"{type(last_exc).__name__}: {last_exc}")
+        if not self.registry.get_impls(res.op, res.api):
+            return NotImplementedError(f"no implementation registered for op {res.op!r}")
+        tried = [i.impl_id for i in res.candidates]
+        why = "; ".join(f"{k}: {v}" for k, v in res.excluded.items())
+        return NotImplementedError(
+            f"op {res.op!r}: no available implementation supports these arguments "
+            f"(candidates {tried} declined{'; excluded ' + why if why else ''})")
+
+    # -- introspection ------------------------------------------------------------------
+    def op_info(self) -> dict:
+        """Per op: the current order and selection (the policy's own resolution when there is
+        one, else the latest override), calls per impl and fallbacks since the process began."""
+        out: dict = {}
+        with self._lock:
+            current: dict = {}
+            for res in self._cache.values():
+                key = (res.op, res.api)
+                if key not in current or res.seq > current[key].seq:
+                    current[key] = res
+            for key in set(current) | set(self._retired):
+                op, api = key
+                calls, fallbacks = dict(self._retired.get(key, [{}, 0])[0]), self._retired.get(key, [{}, 0])[1]
+                for res in self._cache.values():
+                    if (res.op, res.api) == key:
+                        for k, v in res.by_impl.items():
+                            calls[k] = calls.get(k, 0) + v
+                        fallbacks += res.fallbacks
+                entry: dict = {"api": api, "calls": calls, "fallbacks": fallbacks}
+                res = current.get(key)
+                if res is not None:
+                    entry.update({
+                        "order": [i.impl_id for i in res.candidates],
+                        "selected": res.candidates[0].impl_id if res.candidates else None,
+                        "source": res.source, "tokens": res.tokens, "excluded": dict(res.excluded),
+                        **({"note": res.note} if res.note else {})})
+                out[f"tex:{op}" if api == "tex" and _is_shared(op) else op] = entry
+            for (op, api, impl_id), (n, reason) in self._failures.items():
+                name = f"tex:{op}" if api == "tex" and _is_shared(op) else op
+                out.setdefault(name, {}).setdefault("failures", {})[impl_id] = {"count": n, "last_error": reason}
+        return out
+
+
+def _is_shared(op: str) -> bool:
+    from ._ops import FACADE_OPS, TEX_OPS
+    return op in FACADE_OPS and op in TEX_OPS

@@ -1,0 +1,270 @@
+"""Effective settings: environment variables layered over backend.json, each with its source.
+
+Precedence for an op's order (highest first; DESIGN.md):
+call keyword ``backend=`` → ``use_backend()`` → ``set_backend()`` → environment
+(force > per-op > priority > TE_FL_PREFER) → backend.json (force > per_op > tuning table >
+priority) → built-in default ``cuda, opencl, cpp, numpy``.
+
+Everything here is computed once per :func:`reload`, so the per-call path only does dict
+look-ups. TE / TE-FL variable names are accepted as aliases with their documented meaning.
+"""
+from __future__ import annotations
+
+import bisect
+import logging
+import os
+import platform
+import warnings
+from dataclasses import dataclass, field
+from typing import Iterable, Optional
+
+from . import _version
+from ._config import FileConfig, check_op, check_token, known_names, load_config, parse_order
+from ._errors import ConfigError
+
+log = logging.getLogger("tensor_ops")
+
+DEFAULT_ORDER = ["cuda", "opencl", "cpp", "numpy"]
+
+# (variable, canonical setting) — first set wins within one setting.
+ENV_FORCE = ("TENSOR_OPS_BACKEND", "TE_BACKEND", "TE_PLUGIN")
+ENV_PRIORITY = ("TENSOR_OPS_PRIORITY",)
+ENV_PER_OP = ("TENSOR_OPS_PER_OP", "TE_FL_PER_OP")
+ENV_STRICT = ("TENSOR_OPS_STRICT", "TE_FL_STRICT")
+ENV_DISABLE = ("TENSOR_OPS_DISABLE",)
+ENV_PLUGINS = ("TENSOR_OPS_PLUGINS", "TE_FL_PLUGIN_MODULES")
+ENV_LOG = ("TENSOR_OPS_LOG_LEVEL", "TEFL_LOG_LEVEL")
+ENV_ALLOW = ("TENSOR_OPS_ALLOW_VENDORS", "TE_FL_ALLOW_VENDORS")
+ENV_DENY = ("TENSOR_OPS_DENY_VENDORS", "TE_FL_DENY_VENDORS")
+ENV_FALLBACK = ("TENSOR_OPS_FALLBACK_BACKEND", "TE_FALLBACK_BACKEND")
+ALL_ENV = (ENV_FORCE + ENV_PRIORITY + ENV_PER_OP + ENV_STRICT + ENV_DISABLE + ENV_PLUGINS + ENV_LOG
+           + ENV_ALLOW + ENV_DENY + ENV_FALLBACK
+           + ("TENSOR_OPS_CONFIG", "TE_FL_PREFER", "TE_FL_PREFER_VENDOR", "TE_FL_DEBUG", "TE_FL_SKIP_CUDA"))
+
+_TRUE = ("1", "true", "yes", "on")
+_FALSE = ("0", "false", "no", "off", "")
+
+
+def _first(environ, names) -> tuple[Optional[str], Optional[str]]:
+    for n in names:
+        v = environ.get(n)
+        if v is not None and v.strip() != "":
+            return v.strip(), n
+    return None, None
+
+
+def env_bool(value: str, var: str) -> bool:
+    v = value.strip().lower()
+    if v in _TRUE:
+        return True
+    if v in _FALSE:
+        return False
+    raise ConfigError(f"environment variable {var}={value!r}: expected one of {list(_TRUE + _FALSE[:-1])}")
+
+
+def parse_per_op(value: str, var: str, names) -> dict:
+    """``op=tok|tok;op2=tok`` (TE-FL format; ',' also separates tokens)."""
+    out = {}
+    for part in value.split(";"):
+        if not part.strip():
+            continue
+        if "=" not in part:
+            raise ConfigError(f"environment variable {var}: entry {part!r} must look like 'op=backend|backend'")
+        op, order = part.split("=", 1)
+        op = check_op(op.strip(), f"environment variable {var}")
+        out[op] = parse_order(order, f"environment variable {var} ({op})", names)
+    return out
+
+
+def machine_fingerprint() -> dict:
+    """The cheap part of the machine identity that a tuning table must match."""
+    model = platform.processor() or ""
+    flags: list[str] = []
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as fh:
+            for line in fh:
+                if line.startswith("model name") and not model.strip(" x86_64"):
+                    model = line.split(":", 1)[1].strip()
+                elif line.startswith("model name"):
+                    model = line.split(":", 1)[1].strip()
+                elif line.startswith("flags"):
+                    flags = line.split(":", 1)[1].split()
+                    break
+    except OSError:
+        pass
+    isa = [f for f in ("sse4_2", "avx", "avx2", "fma", "f16c", "avx512f") if f in flags]
+    return {"cpu": model, "machine": platform.machine(), "isa": isa,
+            "package_version": _version.__version__}
+
+
+def fingerprint_mismatch(recorded: dict) -> Optional[str]:
+    """None when the recorded fingerprint matches this machine, else what differs."""
+    now = machine_fingerprint()
+    diffs = [f"{k}: recorded {recorded.get(k)!r}, now {now[k]!r}"
+             for k in ("cpu", "machine", "isa", "package_version") if recorded.get(k) != now[k]]
+    return "; ".join(diffs) or None
+
+
+@dataclass
+class Settings:
+    """Everything the resolver needs, with where each value came from."""
+
+    file: FileConfig
+    names: list
+    force: Optional[str] = None
+    force_source: str = ""
+    env_per_op: dict = field(default_factory=dict)
+    env_per_op_source: str = ""
+    env_priority: Optional[list] = None
+    env_priority_source: str = ""
+    strict: bool = False
+    strict_source: str = "default"
+    disabled: dict = field(default_factory=dict)        # name -> source
+    allow_vendors: Optional[list] = None
+    allow_source: str = "default"
+    deny_vendors: list = field(default_factory=list)
+    deny_source: str = "default"
+    fallback: Optional[list] = None
+    fallback_source: str = "default (reference impls)"
+    plugins: list = field(default_factory=list)         # (module, source)
+    log_level: str = "WARNING"
+    log_source: str = "default"
+    tuning_ops: dict = field(default_factory=dict)      # op -> {dtype name: (thresholds, orders)}
+    tuning_status: str = "no tuning table"
+
+    def order_for(self, op: str, dtype_name: Optional[str] = None, nbytes: int = 0) -> tuple[list, str, bool]:
+        """(tokens, source, forced) for ``op`` below the runtime overrides."""
+        if self.force:
+            return [self.force], self.force_source, True
+        if op in self.env_per_op:
+            return self.env_per_op[op], self.env_per_op_source, False
+        if self.env_priority:
+            return self.env_priority, self.env_priority_source, False
+        f = self.file
+        where = f"backend.json ({f.path})" if f.path else "backend.json"
+        if f.force:
+            return [f.force], f"{where} 'force'", True
+        if op in f.per_op:
+            return f.per_op[op], f"{where} 'per_op.{op}'", False
+        tuned = self.tuned_order(op, dtype_name, nbytes)
+        if tuned is not None:
+            return tuned, f"{where} 'tuning' ({op}, {dtype_name}, {nbytes} bytes)", False
+        if f.priority:
+            return f.priority, f"{where} 'priority'", False
+        return DEFAULT_ORDER, "built-in default", False
+
+    def tuned_order(self, op, dtype_name, nbytes) -> Optional[list]:
+        table = self.tuning_ops.get(op)
+        if not table or dtype_name not in table:
+            return None
+        thresholds, orders = table[dtype_name]
+        return orders[bisect.bisect_left(thresholds, nbytes)]
+
+    def bucket(self, op, dtype_name, nbytes) -> int:
+        """Index of the tuning bucket (-1 when tuning does not apply): part of the cache key."""
+        table = self.tuning_ops.get(op)
+        if not table or dtype_name not in table:
+            return -1
+        return bisect.bisect_left(table[dtype_name][0], nbytes)
+
+    def tuning_applies(self, op: str) -> bool:
+        """Whether the tuning table can decide ``op`` (nothing of higher precedence is set)."""
+        return (op in self.tuning_ops and not self.force and op not in self.env_per_op
+                and not self.env_priority and not self.file.force and op not in self.file.per_op)
+
+
+def build_settings(environ=os.environ, extra_names: Iterable[str] = ()) -> Settings:
+    """Read the file and the environment; raise ConfigError on any invalid value."""
+    names = known_names(extra_names)
+    file = load_config(environ, names)
+    s = Settings(file=file, names=names)
+
+    v, var = _first(environ, ENV_FORCE)
+    if v:
+        toks = parse_order(v, f"environment variable {var}", names)
+        if len(toks) == 1:
+            s.force, s.force_source = toks[0], f"env {var}"
+        else:
+            s.env_priority, s.env_priority_source = toks, f"env {var}"
+    v, var = _first(environ, ENV_PER_OP)
+    if v:
+        s.env_per_op, s.env_per_op_source = parse_per_op(v, var, names), f"env {var}"
+    v, var = _first(environ, ENV_PRIORITY)
+    if v:
+        s.env_priority, s.env_priority_source = parse_order(v, f"environment variable {var}", names), f"env {var}"
+    if s.env_priority is None:
+        pref = environ.get("TE_FL_PREFER", "").strip()
+        if pref:
+            tok = check_token(pref, "environment variable TE_FL_PREFER", ())
+            if tok not in ("default", "vendor", "reference"):
+                raise ConfigError(f"environment variable TE_FL_PREFER={pref!r}: expected one of "
+                                  f"['flagos', 'reference', 'vendor']")
+            s.env_priority, s.env_priority_source = [tok], "env TE_FL_PREFER"
+        elif environ.get("TE_FL_PREFER_VENDOR", "").strip():
+            if env_bool(environ["TE_FL_PREFER_VENDOR"], "TE_FL_PREFER_VENDOR"):
+                s.env_priority, s.env_priority_source = ["vendor"], "env TE_FL_PREFER_VENDOR"
+
+    v, var = _first(environ, ENV_STRICT)
+    if v is not None:
+        s.strict, s.strict_source = env_bool(v, var), f"env {var}"
+    elif file.strict is not None:
+        s.strict, s.strict_source = file.strict, "backend.json 'strict'"
+
+    for name in file.disabled:
+        s.disabled[name] = "backend.json 'disabled'"
+    v, var = _first(environ, ENV_DISABLE)
+    if v:
+        for name in [p.strip().lower() for p in v.split(",") if p.strip()]:
+            if name not in names:
+                raise ConfigError(f"environment variable {var}: unknown backend {name!r}; accepted: {names}")
+            s.disabled[name] = f"env {var}"
+    if environ.get("TE_FL_SKIP_CUDA", "").strip() and env_bool(environ["TE_FL_SKIP_CUDA"], "TE_FL_SKIP_CUDA"):
+        s.disabled["cuda"] = "env TE_FL_SKIP_CUDA"
+        s.disabled["nvidia"] = "env TE_FL_SKIP_CUDA"
+
+    v, var = _first(environ, ENV_ALLOW)
+    if v:
+        s.allow_vendors, s.allow_source = [p.strip().lower() for p in v.split(",") if p.strip()], f"env {var}"
+    elif file.allow_vendors is not None:
+        s.allow_vendors, s.allow_source = file.allow_vendors, "backend.json 'allow_vendors'"
+    s.deny_vendors = list(file.deny_vendors)
+    if file.deny_vendors:
+        s.deny_source = "backend.json 'deny_vendors'"
+    v, var = _first(environ, ENV_DENY)
+    if v:
+        s.deny_vendors += [p.strip().lower() for p in v.split(",") if p.strip()]
+        s.deny_source = f"env {var}" + (" + backend.json" if file.deny_vendors else "")
+
+    v, var = _first(environ, ENV_FALLBACK)
+    if v:
+        s.fallback, s.fallback_source = parse_order(v, f"environment variable {var}", names), f"env {var}"
+
+    v, var = _first(environ, ENV_PLUGINS)
+    if v:
+        s.plugins = [(m.strip(), f"env {var}") for m in v.split(",") if m.strip()]
+
+    v, var = _first(environ, ENV_LOG)
+    if environ.get("TE_FL_DEBUG", "").strip() and env_bool(environ["TE_FL_DEBUG"], "TE_FL_DEBUG"):
+        s.log_level, s.log_source = "DEBUG", "env TE_FL_DEBUG"
+    elif v:
+        lvl = v.upper()
+        if lvl not in ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"):
+            raise ConfigError(f"environment variable {var}={v!r}: expected one of "
+                              f"['CRITICAL', 'DEBUG', 'ERROR', 'INFO', 'WARNING']")
+        s.log_level, s.log_source = lvl, f"env {var}"
+
+    tuning = file.tuning
+    if tuning:
+        why = fingerprint_mismatch(tuning.get("fingerprint", {}))
+        if why:
+            s.tuning_status = f"ignored: recorded on another machine or version ({why})"
+            warnings.warn(f"tensor_ops: tuning table in {file.path} ignored, fingerprint differs ({why}); "
+                          f"run `python detect_and_benchmark.py` again", RuntimeWarning, stacklevel=2)
+        else:
+            for op, per_dtype in tuning.get("ops", {}).items():
+                s.tuning_ops[op] = {
+                    dt: ([b["max_bytes"] for b in buckets[:-1]], [b["order"] for b in buckets])
+                    for dt, buckets in per_dtype.items()
+                }
+            s.tuning_status = f"in use: fingerprint matches ({len(s.tuning_ops)} ops tuned)"
+    return s

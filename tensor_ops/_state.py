@@ -1,0 +1,14 @@
+"""Process-wide state, kept in one tiny module: the runtime override layers.
+
+``use_backend()`` lives on a ContextVar (so it nests and is per-thread/per-task);
+``set_backend()`` is one process-wide value. The registry/manager singletons live in
+``_manager``.
+"""
+from __future__ import annotations
+
+import contextvars
+from typing import Optional
+
+context_backend: contextvars.ContextVar[Optional[str]] = contextvars.ContextVar(
+    "tensor_ops_backend", default=None)
+global_backend: Optional[str] = None

@@ -1,0 +1,125 @@
+"""Input validation, once, before dispatch, identical for every backend.
+
+Each ``prepare_*`` returns the normalised arguments of the backend contract
+(CONTRIBUTING.md): 2-D C-contiguous ``x``, weight/bias cast to ``x``'s dtype, a writable
+contiguous ``out`` view or ``None``. Errors follow one formula: the argument, its value
+(``!r``), what is accepted.
+"""
+from __future__ import annotations
+
+import math
+import numbers
+
+import numpy as np
+
+from ._arrays import ACCEPTED, device_of, dtype_label, is_float, kind_of, np_dtype
+
+
+def _kind(a, name: str) -> str:
+    k = kind_of(a)
+    if not k:
+        raise TypeError(f"{name} must be an array (numpy.ndarray, or a CuPy / torch CUDA / pyopencl array "
+                        f"for the device backends), got {type(a).__name__}")
+    return k
+
+
+def check_x(x, name: str = "x"):
+    """Return (x, kind, dtype) for a floating array of rank ≥ 1."""
+    k = _kind(x, name)
+    dt = np_dtype(x, k)
+    if dt is None or not is_float(dt):
+        raise TypeError(f"{name} must have dtype {ACCEPTED}, got {dtype_label(x, k)}")
+    if x.ndim == 0:
+        raise ValueError(f"{name} must have at least 1 dimension (the last one is the feature axis), "
+                         f"got a 0-d array")
+    return k, dt
+
+
+def check_eps(eps, name: str = "eps") -> float:
+    if type(eps) is float and 0.0 <= eps < math.inf:
+        return eps
+    if isinstance(eps, bool) or not isinstance(eps, numbers.Real):
+        raise TypeError(f"{name} must be a real number, got {eps!r}")
+    e = float(eps)
+    if not math.isfinite(e) or e < 0:
+        raise ValueError(f"{name} must be a finite number >= 0, got {eps!r}")
+    return e
+
+
+def same_place(a, ka, x, kx, name: str) -> None:
+    if ka != kx:
+        raise TypeError(f"{name} is a {ka} array but x is a {kx} array: pass both on the same device")
+    if kx != "numpy":
+        da, dx = device_of(a, ka), device_of(x, kx)
+        if da != dx:
+            raise ValueError(f"{name} is on {da} but x is on {dx}: pass both on the same device")
+
+
+def contiguous(a, kind: str):
+    """A C-contiguous, aligned version of ``a`` (a copy only when needed)."""
+    if kind == "numpy":
+        f = a.flags
+        if f.c_contiguous and f.aligned:
+            return a
+        return np.array(a, order="C", copy=True)
+    if kind == "torch":
+        return a.contiguous()
+    if kind == "cupy":
+        import cupy
+        return cupy.ascontiguousarray(a)
+    return a if a.flags.c_contiguous else a.copy()
+
+
+def as_dtype(a, ka, dt, kind_x):
+    """Cast ``a`` to dtype ``dt`` of the x array kind."""
+    if np_dtype(a, ka) == dt:
+        return a
+    if ka == "torch":
+        import torch
+        return a.to({np.dtype(np.float16): torch.float16, np.dtype(np.float32): torch.float32,
+                     np.dtype(np.float64): torch.float64}[dt])
+    return a.astype(dt)
+
+
+def check_vector(v, name: str, n: int, x, kx: str, dt):
+    """weight/bias: floating, 1-D, length n, same device as x; cast to x's dtype."""
+    kv = _kind(v, name)
+    vdt = np_dtype(v, kv)
+    if vdt is None or not is_float(vdt):
+        raise TypeError(f"{name} must have dtype {ACCEPTED}, got {dtype_label(v, kv)}")
+    if v.ndim != 1 or v.shape[0] != n:
+        raise ValueError(f"{name} must have shape ({n},) to match x.shape[-1] = {n}, got {tuple(v.shape)}")
+    same_place(v, kv, x, kx, name)
+    return contiguous(as_dtype(v, kv, dt, kx), kv)
+
+
+def check_out(out, kx: str, x, dt, shape: tuple):
+    """Validate ``out=``; return (view for the kernel or None, user out or None)."""
+    if out is None:
+        return None, None
+    ko = _kind(out, "out")
+    same_place(out, ko, x, kx, "out")
+    odt = np_dtype(out, ko)
+    if odt != dt:
+        raise TypeError(f"out must have dtype {dt} (the dtype of x), got {dtype_label(out, ko)}")
+    if tuple(out.shape) != shape:
+        raise ValueError(f"out must have shape {shape}, got {tuple(out.shape)}")
+    if ko == "numpy":
+        if not out.flags.writeable:
+            raise ValueError("out is read-only: pass a writable array")
+        if np.may_share_memory(out, x):
+            raise ValueError("out overlaps x: pass a separate output array (in-place is not supported)")
+        f = out.flags
+        if f.c_contiguous and f.aligned:
+            return out, out
+        return None, out
+    if ko == "torch":
+        if out.data_ptr() == x.data_ptr():
+            raise ValueError("out overlaps x: pass a separate output array (in-place is not supported)")
+        return (out if out.is_contiguous() else None), out
+    return (out if out.flags.c_contiguous else None), out
+
+
+def rows_2d(a, n: int):
+    """View ``a`` (contiguous) as (rows, n)."""
+    return a if a.ndim == 2 else a.reshape(-1, n)

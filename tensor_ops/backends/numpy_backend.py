@@ -1,0 +1,142 @@
+"""The NumPy reference backend: always available, every op, float16/32/64.
+
+Registered like every other backend (kind REFERENCE, impl_id ``reference.numpy``), so it is
+the last fallback of every order. fp16 storage is computed in fp32 (as the native backends
+do); float32 in float32; float64 in float64. ``matmul`` is NumPy's, i.e. BLAS.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from .._registry import BackendImplKind, OpImpl
+
+NAME = "numpy"
+_SQRT_2_OVER_PI = 0.7978845608028654
+
+try:  # scipy's erf is correctly rounded to ~1 ulp and vectorised
+    from scipy.special import erf as _erf
+except ImportError:  # pragma: no cover - scipy is a dependency; keep a correct (slow) path
+    import math
+    _erf = np.vectorize(math.erf, otypes=[np.float64])
+
+
+def _work(x: np.ndarray) -> np.ndarray:
+    return x.astype(np.float32) if x.dtype == np.float16 else x
+
+
+def _finish(y: np.ndarray, dtype, out):
+    if out is None:
+        return y.astype(dtype, copy=False)
+    np.copyto(out, y, casting="unsafe")
+    return out
+
+
+def rms_norm(x, weight, eps, out):
+    xf = _work(x)
+    ms = np.mean(np.square(xf), axis=-1, keepdims=True)
+    y = xf * (1.0 / np.sqrt(ms + xf.dtype.type(eps))) * _work(weight)
+    return _finish(y, x.dtype, out)
+
+
+def layer_norm(x, weight, bias, eps, out):
+    xf = _work(x)
+    mu = np.mean(xf, axis=-1, keepdims=True)
+    d = xf - mu
+    var = np.mean(np.square(d), axis=-1, keepdims=True)
+    y = d * (1.0 / np.sqrt(var + xf.dtype.type(eps))) * _work(weight)
+    if bias is not None:
+        y += _work(bias)
+    return _finish(y, x.dtype, out)
+
+
+def softmax(x, out):
+    xf = _work(x)
+    m = np.max(xf, axis=-1, keepdims=True)
+    # A row that is all -inf has max -inf; subtracting it would make NaN where NumPy-style
+    # semantics (and torch) also give NaN, so no special case: NaN propagates like torch.
+    e = np.exp(xf - m)
+    y = e / np.sum(e, axis=-1, keepdims=True)
+    return _finish(y, x.dtype, out)
+
+
+def _silu(xf):
+    with np.errstate(over="ignore"):
+        return xf / (1.0 + np.exp(-xf))
+
+
+def _gelu(xf, approximate):
+    if approximate == "tanh":
+        inner = xf.dtype.type(_SQRT_2_OVER_PI) * (xf + xf.dtype.type(0.044715) * xf * xf * xf)
+        return 0.5 * xf * (1.0 + np.tanh(inner))
+    return (0.5 * xf * (1.0 + _erf(xf * xf.dtype.type(0.7071067811865476)))).astype(xf.dtype, copy=False)
+
+
+def silu(x, out):
+    return _finish(_silu(_work(x)), x.dtype, out)
+
+
+def relu(x, out):
+    if out is None:
+        return np.maximum(x, x.dtype.type(0))
+    np.maximum(x, x.dtype.type(0), out=out)
+    return out
+
+
+def gelu(x, approximate, out):
+    return _finish(_gelu(_work(x), approximate), x.dtype, out)
+
+
+def swiglu(x, out):
+    h = x.shape[-1] // 2
+    xf = _work(x)
+    return _finish(_silu(xf[:, :h]) * xf[:, h:], x.dtype, out)
+
+
+def geglu(x, approximate, out):
+    h = x.shape[-1] // 2
+    xf = _work(x)
+    return _finish(_gelu(xf[:, :h], approximate) * xf[:, h:], x.dtype, out)
+
+
+def rope(x, cos, sin, interleaved, out):
+    rows, n = x.shape
+    t = cos.shape[0]
+    xf = _work(x).reshape(rows // t, t, n)
+    if interleaved:
+        rot = np.empty_like(xf)
+        rot[..., 0::2] = -xf[..., 1::2]
+        rot[..., 1::2] = xf[..., 0::2]
+    else:
+        h = n // 2
+        rot = np.concatenate([-xf[..., h:], xf[..., :h]], axis=-1)
+    y = xf * cos + rot * sin
+    return _finish(y.reshape(rows, n), x.dtype, out)
+
+
+def matmul(a, b, out):
+    return np.matmul(a, b, out=out)
+
+
+def _supports_host(x, *rest):
+    return type(x) is np.ndarray
+
+
+def availability():
+    return True, ""
+
+
+def info() -> dict:
+    return {"numpy": np.__version__, "erf": "scipy.special.erf" if _erf.__class__.__name__ != "vectorize" else "math.erf"}
+
+
+OPS = {
+    "rms_norm": rms_norm, "layer_norm": layer_norm, "softmax": softmax, "silu": silu,
+    "gelu": gelu, "relu": relu, "swiglu": swiglu, "geglu": geglu, "rope": rope, "matmul": matmul,
+}
+
+
+def register(registry) -> None:
+    for op, fn in OPS.items():
+        registry.register_impl(OpImpl(
+            op_name=op, impl_id="reference.numpy", kind=BackendImplKind.REFERENCE, backend=NAME,
+            fn=fn, priority=0, supports=_supports_host, available=availability, api="facade"))

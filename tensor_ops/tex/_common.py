@@ -1,0 +1,49 @@
+"""Argument checks shared by the tex families (run once, before dispatch)."""
+from __future__ import annotations
+
+import logging
+
+import torch
+
+log = logging.getLogger("tensor_ops.tex")
+
+FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16, torch.float64)
+
+
+def check_quantizer(op: str, quantizer) -> None:
+    if quantizer is not None:
+        raise NotImplementedError(
+            f"tex.{op}: quantizer {type(quantizer).__module__}.{type(quantizer).__qualname__} is not "
+            f"supported (FP8/MXFP8/NVFP4 quantization is out of scope); pass quantizer=None")
+
+
+def check_tensor(op: str, name: str, t, *, optional: bool = False, float_only: bool = False) -> None:
+    if t is None and optional:
+        return
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"tex.{op}: {name} must be a torch.Tensor, got {type(t).__name__}")
+    if float_only and t.dtype not in FLOAT_DTYPES:
+        raise TypeError(f"tex.{op}: {name} has dtype {t.dtype}; expected one of "
+                        f"{sorted(str(d) for d in FLOAT_DTYPES)}")
+
+
+def check_same_device(op: str, **tensors) -> None:
+    devs = {n: t.device for n, t in tensors.items() if isinstance(t, torch.Tensor)}
+    if len(set(devs.values())) > 1:
+        desc = ", ".join(f"{n} on {d}" for n, d in devs.items())
+        raise ValueError(f"tex.{op}: tensors are on different devices ({desc}); move them to one device")
+
+
+def check_shape(op: str, name: str, t: torch.Tensor, shape) -> None:
+    if tuple(t.shape) != tuple(shape):
+        raise ValueError(f"tex.{op}: {name} has shape {tuple(t.shape)}, expected {tuple(shape)}")
+
+
+def nargs_error(op: str, expected: str, got: int) -> TypeError:
+    return TypeError(f"tex.{op}() takes {expected} positional arguments but {got} were given")
+
+
+def rows_2d(t: torch.Tensor) -> torch.Tensor:
+    """View as (N, H) with N = product of leading dims."""
+    h = t.shape[-1] if t.dim() else 1
+    return t.reshape(-1, h)

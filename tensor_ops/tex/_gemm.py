@@ -1,0 +1,132 @@
+"""generic_gemm: D = alpha * op(B) @ op(A) + beta * D (row-major view), with TE's epilogues."""
+from __future__ import annotations
+
+import math
+
+import torch
+
+from ._activations import _gelu_tanh, _gelu_tanh_grad
+from ._common import check_quantizer, check_same_device, check_tensor
+from ._dispatch import call, reference
+from ._enums import to_torch_dtype
+
+__all__ = ["generic_gemm"]
+
+
+def _dims(t: torch.Tensor):
+    """(prod(leading dims), last dim) of a tensor."""
+    if t.dim() == 0:
+        return 1, 1
+    return math.prod(t.shape[:-1]), t.shape[-1]
+
+
+def gemm_out_shape(A, transA, B, transB):
+    a0, a1 = _dims(A)
+    b1 = B.shape[-1]
+    rows = [b1] if transB else list(B.shape[:-1])
+    return rows + [a0 if transA else a1]
+
+
+def generic_gemm(A, transA, B, transB, D, quantizer, output_dtype, bias, bias_type, gelu, gelu_in,
+                 grad, workspace, workspace_size, accumulate, use_split_accumulator,
+                 comm_overlap=None, comm_type=None, extra_output=None, bulk_overlap=False,
+                 alpha=1.0, beta=None):
+    """TE's cuBLASLt GEMM → ``[D, bias_grad, pre_gelu_out, extra_output]``."""
+    op = "generic_gemm"
+    check_quantizer(op, quantizer)
+    check_tensor(op, "A", A, float_only=True)
+    check_tensor(op, "B", B, float_only=True)
+    for name, t in (("D", D), ("bias", bias), ("gelu_in", gelu_in)):
+        check_tensor(op, name, t, optional=True)
+    check_same_device(op, A=A, B=B, D=D, bias=bias, gelu_in=gelu_in)
+    if comm_overlap is not None:
+        raise NotImplementedError(f"tex.{op}: comm_overlap (userbuffers) is not supported on this backend")
+    transA, transB, gelu, grad, accumulate = map(bool, (transA, transB, gelu, grad, accumulate))
+    if A.dim() < 1 or B.dim() < 1:
+        raise ValueError(f"tex.{op}: A and B must have at least 1 dimension, got A{tuple(A.shape)} "
+                         f"B{tuple(B.shape)}")
+    a0, a1 = _dims(A)
+    b0, b1 = _dims(B)
+    ka = a1 if transA else a0
+    kb = b0 if transB else b1
+    if ka != kb:
+        raise ValueError(
+            f"tex.{op}: inner dimensions differ: A{tuple(A.shape)} transA={transA} gives K={ka}, "
+            f"B{tuple(B.shape)} transB={transB} gives K={kb} (D = op(B) @ op(A))")
+    out_shape = gemm_out_shape(A, transA, B, transB)
+    n_out = out_shape[-1]
+    otype = to_torch_dtype(output_dtype, None, what="output_dtype")
+    if D is not None:
+        if D.numel() != math.prod(out_shape):
+            raise ValueError(f"tex.{op}: D has shape {tuple(D.shape)}, expected {tuple(out_shape)} for "
+                             f"A{tuple(A.shape)} transA={transA}, B{tuple(B.shape)} transB={transB}")
+        if otype is not None and D.dtype != otype:
+            raise ValueError(f"tex.{op}: D has dtype {D.dtype} but output_dtype is {otype}")
+    if otype is None:
+        otype = D.dtype if D is not None else A.dtype
+    if beta is None:
+        beta = 1.0 if accumulate else 0.0
+    elif not accumulate and beta != 0:
+        raise ValueError(f"tex.{op}: beta={beta!r} needs accumulate=True (D is overwritten otherwise)")
+    if accumulate and D is None:
+        raise ValueError(f"tex.{op}: accumulate=True needs an output tensor D")
+    if bias is not None and not grad and bias.numel() != n_out:
+        raise ValueError(f"tex.{op}: bias has {bias.numel()} elements, expected D's last dim {n_out}")
+    if gelu and grad:
+        if gelu_in is None:
+            raise ValueError(f"tex.{op}: gelu=True, grad=True needs gelu_in (the saved pre-activation)")
+        if gelu_in.numel() != math.prod(out_shape):
+            raise ValueError(f"tex.{op}: gelu_in has shape {tuple(gelu_in.shape)}, expected {tuple(out_shape)}")
+    elif gelu and gelu_in is not None and gelu_in.numel() != math.prod(out_shape):
+        raise ValueError(f"tex.{op}: gelu_in has shape {tuple(gelu_in.shape)}, expected {tuple(out_shape)}")
+    return call(op, (A, transA, B, transB, D, None, otype, bias, bias_type, gelu, gelu_in, grad, workspace,
+                     workspace_size, accumulate, use_split_accumulator, None, comm_type, extra_output,
+                     bool(bulk_overlap), float(alpha), float(beta)))
+
+
+def _compute_dtype(*ts):
+    dt = torch.promote_types(ts[0].dtype, ts[1].dtype)
+    if ts[0].device.type == "cpu" and dt in (torch.float16, torch.bfloat16):
+        return torch.float32  # CPU half matmuls are slow; accumulate in fp32 as cuBLAS does
+    return dt
+
+
+@reference("generic_gemm")
+def ref_generic_gemm(A, transA, B, transB, D, quantizer, otype, bias, bias_type, gelu, gelu_in, grad,
+                     workspace, workspace_size, accumulate, use_split_accumulator, comm_overlap, comm_type,
+                     extra_output, bulk_overlap, alpha, beta):
+    out_shape = gemm_out_shape(A, transA, B, transB)
+    n_out = out_shape[-1]
+    a2 = A.reshape(_dims(A))
+    b2 = B.reshape(_dims(B))
+    rows = b2.shape[1] if transB else b2.shape[0]
+    ct = _compute_dtype(a2, b2)
+    opA = a2.to(ct).t() if transA else a2.to(ct)
+    opB = b2.to(ct).t() if transB else b2.to(ct)
+    acc = opB @ opA
+    if alpha != 1.0:
+        acc = acc * alpha
+    if beta != 0.0:
+        acc = acc + beta * D.reshape(rows, n_out).to(acc.dtype)
+    bias_grad = None
+    pre_gelu_out = None
+    if bias is not None and not grad:
+        acc = acc + bias.reshape(-1).to(acc.dtype)
+    if gelu and not grad:
+        if gelu_in is not None:
+            gelu_in.view(rows, n_out).copy_(acc)
+            pre_gelu_out = gelu_in
+        else:
+            pre_gelu_out = acc.to(otype).reshape(out_shape)
+        acc = _gelu_tanh(acc.float())
+    elif gelu and grad:
+        acc = acc.float() * _gelu_tanh_grad(gelu_in.reshape(rows, n_out).float())
+        if bias is not None:  # cuBLASLt DGELU_BGRAD: bias grad of the dgelu output
+            bias_grad = acc.sum(0).to(otype)
+    if grad and bias is not None and bias_grad is None:  # BGRADB: column sums of B
+        bias_grad = b2.float().sum(0).to(otype)
+    if D is None:
+        D = acc.to(otype).reshape(out_shape)
+    else:
+        D.view(rows, n_out).copy_(acc)
+    return [D, bias_grad, pre_gelu_out, extra_output]

@@ -1,0 +1,58 @@
+"""Shared fixtures: every test runs against a private backend.json (never the project's) and
+with the runtime overrides cleared, so results do not depend on what a developer configured.
+
+The suite can be run with one backend forced: ``TENSOR_OPS_BACKEND=cpp python -m pytest``;
+that variable is left alone here.
+"""
+from __future__ import annotations
+
+import os
+import warnings
+
+import pytest
+
+import tensor_ops as to
+from tensor_ops import _state
+
+BACKENDS = ("numpy", "cpp", "opencl", "cuda")
+
+
+@pytest.fixture(autouse=True)
+def isolated_config(tmp_path, monkeypatch):
+    """A fresh, empty config file per test; runtime overrides and caches reset."""
+    cfg = tmp_path / "backend.json"
+    monkeypatch.setenv("TENSOR_OPS_CONFIG", str(cfg))
+    _state.global_backend = None
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        to.reload_config()
+    yield cfg
+    _state.global_backend = None
+    monkeypatch.undo()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        try:
+            to.reload_config()
+        except ValueError:
+            pass
+
+
+def forced_backend():
+    """The backend forced for the whole run via TENSOR_OPS_BACKEND, if any."""
+    return os.environ.get("TENSOR_OPS_BACKEND") or None
+
+
+def backend_impl(op: str, backend: str):
+    """The facade OpImpl of ``backend`` for ``op``, or pytest.skip with the reason."""
+    reg = to.get_registry()
+    impl_id = "reference.numpy" if backend == "numpy" else f"default.{backend}"
+    try:
+        impl = reg.get_impl(op, impl_id, "facade")
+    except KeyError:
+        mod = to._global.builtins().get(backend)
+        why = mod if isinstance(mod, str) else f"{backend} does not implement {op}"
+        pytest.skip(f"{backend}: {why}")
+    ok, reason = to.get_manager().availability(impl)
+    if not ok:
+        pytest.skip(f"{backend} unavailable: {reason}")
+    return impl

@@ -1,0 +1,492 @@
+"""CUDA backend: build (nvcc → fatbin, symbols via cuobjdump), NVRTC source validity,
+availability reasons (no device / no CuPy), error handling, and — on a GPU — every kernel
+against an fp64 NumPy reference with CuPy and torch inputs.
+
+Without a GPU the device tests skip with the backend's recorded reason ("no CUDA device: …").
+"""
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import re
+import subprocess
+import sys
+import textwrap
+import types
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import tensor_ops
+from tensor_ops.backends import cuda
+
+pytestmark = pytest.mark.cuda
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _load_build():
+    path = ROOT / "tensor_ops" / "_build" / "cuda_build.py"
+    spec = importlib.util.spec_from_file_location("_test_cuda_build", path)
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = mod
+    spec.loader.exec_module(mod)
+    return mod
+
+
+cb = _load_build()
+NVCC = cb.find_tool("nvcc")
+CUOBJDUMP = cb.find_tool("cuobjdump")
+needs_nvcc = pytest.mark.skipif(NVCC is None, reason="nvcc not found (CUDA toolkit not installed)")
+needs_cuobjdump = pytest.mark.skipif(CUOBJDUMP is None,
+                                     reason="cuobjdump not found (pip install nvidia-cuda-cuobjdump)")
+
+
+def _entries(ptx: str) -> set:
+    return set(re.findall(r"\.entry\s+(\w+)", ptx))
+
+
+# ----------------------------------------------------------------------------- sources
+def test_kernel_names_agree_between_build_and_runtime():
+    syms = set(cb.kernel_symbols())
+    assert len(syms) == len(cb.KERNEL_OPS) * 3
+    src = cuda.nvrtc_source()
+    # Every kernel name the runtime launches is one the build checks for.
+    launched = set(re.findall(r'_kernel\(f"(\w+)_\{_SUFFIX', Path(cuda.__file__).read_text()))
+    launched |= {"gelu_tanh", "geglu_tanh", "silu", "relu", "gelu", "swiglu", "geglu"}
+    assert launched <= set(cb.KERNEL_OPS)
+    assert "#include" not in src.replace("// common.cuh inlined above", "")
+
+
+@needs_nvcc
+@pytest.mark.parametrize("name", sorted(p.name for p in (ROOT / "cuda_ext").glob("*.cu")))
+def test_each_source_compiles_to_ptx_with_nvcc(name, tmp_path):
+    out = tmp_path / "k.ptx"
+    proc = subprocess.run([NVCC, "-ptx", "-std=c++17", "-arch=compute_75", "-I", str(ROOT / "cuda_ext"),
+                           "-o", str(out), str(ROOT / "cuda_ext" / name)],
+                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout
+    assert _entries(out.read_text()), f"{name} defines no kernel"
+
+
+def _nvrtc():
+    try:
+        from cupy.cuda import nvrtc
+        nvrtc.getVersion()
+        return nvrtc
+    except Exception as exc:  # noqa: BLE001 - any failure means: no NVRTC here
+        pytest.skip(f"NVRTC not loadable through CuPy: {type(exc).__name__}: {exc}")
+
+
+def test_nvrtc_compiles_the_runtime_source():
+    """The exact text and options the runtime fallback hands NVRTC compile (no GPU needed)."""
+    nvrtc = _nvrtc()
+    prog = nvrtc.createProgram(cuda.nvrtc_source(), "tensor_ops_kernels.cu", [], [])
+    try:
+        try:
+            nvrtc.compileProgram(prog, [*cuda.NVRTC_OPTIONS, "-arch=compute_75"])
+        except Exception:
+            pytest.fail(nvrtc.getProgramLog(prog))
+        ptx = nvrtc.getPTX(prog)
+    finally:
+        nvrtc.destroyProgram(prog)
+    ptx = ptx.decode() if isinstance(ptx, bytes) else ptx
+    assert _entries(ptx) == set(cb.kernel_symbols())
+
+
+# ----------------------------------------------------------------------------- build
+def test_parse_archs():
+    sup = [75, 80, 90, 120]
+    assert cb.parse_archs("75,90", sup) == [75, 90]
+    assert cb.parse_archs("sm_90 sm_75", sup) == [75, 90]
+    assert cb.parse_archs("all", sup) == sup
+    with pytest.raises(ValueError, match="sm_61 is not supported"):
+        cb.parse_archs("61", sup)
+    with pytest.raises(ValueError, match="not an architecture"):
+        cb.parse_archs("hopper", sup)
+
+
+@needs_nvcc
+def test_supported_archs_come_from_nvcc():
+    sms, ptx = cb.supported_archs(NVCC)
+    assert sms and min(sms) >= 75 and ptx >= max(sms) - 1 and ptx >= 75
+
+
+def test_build_without_nvcc_says_why(monkeypatch, capsys):
+    monkeypatch.setattr(cb, "find_tool", lambda name: None)
+    cmd = cb.BuildCuda.__new__(cb.BuildCuda)
+    cmd.initialize_options()
+    cmd.finalize_options()
+    with pytest.raises(SystemExit) as ei:
+        cmd.run()
+    assert ei.value.code == 1
+    assert "nvcc not found" in capsys.readouterr().err
+
+
+@needs_nvcc
+def test_nvcc_failure_exits_nonzero_with_its_output(tmp_path, capsys):
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "common.cuh").write_text((ROOT / "cuda_ext" / "common.cuh").read_text())
+    (src / "broken.cu").write_text('#include "common.cuh"\nextern "C" __global__ void k() { undefined_thing(); }\n')
+    with pytest.raises(cb.CudaBuildError, match="undefined_thing"):
+        cb.build_fatbin(tmp_path / "x.fatbin", archs=[75], src_dir=src, record=False, log=lambda *_: None)
+    assert not (tmp_path / "x.fatbin").exists()
+
+
+@needs_nvcc
+@needs_cuobjdump
+def test_build_one_arch_records_and_holds_every_symbol(tmp_path, monkeypatch):
+    cfg = tmp_path / "backend.json"
+    cfg.write_text(json.dumps({"schema_version": 1, "priority": ["cpp", "numpy"]}))
+    monkeypatch.setenv("TENSOR_OPS_CONFIG", str(cfg))
+    out = tmp_path / "k.fatbin"
+    info = cb.build_fatbin(out, archs=[75], log=lambda *_: None)
+    data = json.loads(cfg.read_text())
+    assert data["priority"] == ["cpp", "numpy"], "other keys must survive"
+    rec = data["built"]["cuda"]
+    assert rec["archs"] == ["sm_75"] and rec["ptx"] == "compute_75"
+    assert rec["kernels"] == cb.kernel_symbols() and rec["nvcc_version"]
+    assert json.loads(Path(str(out) + ".json").read_text())["sources_sha256"] == info["sources_sha256"]
+    res = cb.check_fatbin(out, expected_archs=["sm_75"])
+    assert res["archs"] == ["sm_75"] and res["ptx"]
+
+
+@needs_nvcc
+@needs_cuobjdump
+def test_symbol_check_names_missing_kernels(tmp_path):
+    src = tmp_path / "src"
+    src.mkdir()
+    for name in ("common.cuh", "rope.cu"):
+        (src / name).write_text((ROOT / "cuda_ext" / name).read_text())
+    out = tmp_path / "partial.fatbin"
+    cb.build_fatbin(out, archs=[75], src_dir=src, record=False, log=lambda *_: None)
+    with pytest.raises(cb.CudaBuildError, match=r"sm_75 lacks .*rms_norm_f32"):
+        cb.check_fatbin(out)
+    with pytest.raises(cb.CudaBuildError, match="no SASS for sm_90"):
+        cb.check_fatbin(out, expected_archs=["sm_75", "sm_90"])
+
+
+@needs_cuobjdump
+def test_check_without_fatbin_says_build_first(tmp_path):
+    with pytest.raises(cb.CudaBuildError, match="run `python setup.py build_cuda` first"):
+        cb.check_fatbin(tmp_path / "none.fatbin")
+
+
+# ----------------------------------------------------------------------------- availability
+def _cupy_device_reason():
+    try:
+        import cupy
+    except ImportError:
+        return None
+    try:
+        n = cupy.cuda.runtime.getDeviceCount()
+    except Exception as exc:  # noqa: BLE001
+        return f"no CUDA device: cupy.cuda.runtime.getDeviceCount() failed: {exc}"
+    return None if n else "no CUDA device: cupy.cuda.runtime.getDeviceCount() returned 0"
+
+
+def test_unavailable_without_device_says_so():
+    expected = _cupy_device_reason()
+    if expected is None:
+        pytest.skip("CuPy missing or a CUDA device is present: this checks the no-device reason")
+    ok, reason = cuda.availability()
+    assert not ok and reason == expected
+    info = cuda.get_cuda_info()
+    assert info["available"] is False and info["reason"] == expected and info["devices"] == []
+
+
+def _run_py(code: str, **env_extra) -> subprocess.CompletedProcess:
+    env = {**os.environ, **env_extra}
+    return subprocess.run([sys.executable, "-c", textwrap.dedent(code)], cwd=str(ROOT), env=env,
+                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=120)
+
+
+def test_unavailable_without_cupy_says_which_wheel():
+    proc = _run_py("""
+        import sys
+        sys.modules["cupy"] = None  # as if CuPy were not installed
+        import tensor_ops.backends.cuda as c
+        ok, reason = c.availability()
+        assert ok is False, reason
+        assert reason.startswith("CuPy is not installed (pip install cupy-cuda12x or cupy-cuda13x)"), reason
+        info = c.get_cuda_info()
+        assert info["cupy"] is None and info["available"] is False
+        print("OK", reason)
+    """)
+    assert proc.returncode == 0 and "OK" in proc.stdout, proc.stdout
+
+
+def test_import_and_register_load_nothing_native():
+    proc = _run_py("""
+        import sys
+        import tensor_ops
+        from tensor_ops._registry import OpRegistry
+        import tensor_ops.backends.cuda as c
+        reg = OpRegistry()
+        c.register(reg)
+        assert {i.op_name for i in reg.all_impls()} == set(c.OPS)
+        assert all(i.impl_id == "default.cuda" and i.backend == "cuda" for i in reg.all_impls())
+        bad = [m for m in ("cupy", "torch") if m in sys.modules]
+        assert not bad, bad
+        print("OK")
+    """)
+    assert proc.returncode == 0 and "OK" in proc.stdout, proc.stdout
+
+
+def test_registered_in_global_registry_with_reason():
+    reg = tensor_ops.get_registry()
+    ids = {i.impl_id for i in reg.get_impls("rms_norm")}
+    assert "default.cuda" in ids
+    ok, reason = cuda.availability()
+    if not ok:
+        assert reason  # unavailable always carries its reason
+
+
+def test_forcing_unavailable_cuda_is_an_error_with_the_reason():
+    ok, reason = cuda.availability()
+    if ok:
+        pytest.skip("a CUDA device is present")
+    x = np.ones((2, 8), np.float32)
+    with pytest.raises(RuntimeError) as ei:
+        tensor_ops.rms_norm(x, np.ones(8, np.float32), backend="cuda")
+    assert "cuda" in str(ei.value)
+
+
+def test_numpy_input_is_declined_unless_the_policy_allows():
+    x = np.ones((4, 1024), np.float32)
+    sup = cuda._supports_for("rms_norm")
+    assert not sup(x, np.ones(1024, np.float32), 1e-6, None)
+    cuda.set_host_copy_policy("rms_norm", 1 << 14)
+    try:
+        assert sup(x, np.ones(1024, np.float32), 1e-6, None)
+        assert not sup(x[:1], np.ones(1024, np.float32), 1e-6, None)  # below the threshold
+        assert not cuda._supports_for("softmax")(x, None)
+    finally:
+        cuda.set_host_copy_policy("rms_norm", None)
+    assert not sup(x, np.ones(1024, np.float32), 1e-6, None)
+    with pytest.raises(ValueError, match="unknown op 'nope'"):
+        cuda.set_host_copy_policy("nope", 1)
+    with pytest.raises(ValueError, match="min_bytes"):
+        cuda.set_host_copy_policy("rms_norm", -1)
+
+
+# ----------------------------------------------------------------------------- errors (no GPU)
+class _FakeCudaTensor:
+    """Looks like a torch CUDA tensor to the backend's checks (no GPU needed)."""
+
+    def __init__(self, index=0, dtype="torch.float32", contiguous=True):
+        self.device = types.SimpleNamespace(index=index, type="cuda")
+        self.dtype = dtype
+        self.is_cuda = True
+        self._contig = contiguous
+        self.shape = (2, 4)
+
+    def is_contiguous(self):
+        return self._contig
+
+    def data_ptr(self):
+        return 0
+
+
+_FakeCudaTensor.__module__ = "torch.fake"
+
+
+def test_cpu_tensor_mixed_with_cuda_is_a_type_error():
+    torch = pytest.importorskip("torch")
+    with pytest.raises(TypeError, match="weight is a torch CPU tensor but x is a torch array on cuda:0"):
+        cuda.rms_norm(_FakeCudaTensor(), torch.ones(4), 1e-6, None)
+    with pytest.raises(TypeError, match="x must be a CuPy array or a torch CUDA tensor"):
+        cuda.rms_norm(torch.ones(2, 4), torch.ones(4), 1e-6, None)
+
+
+def test_arrays_on_different_devices_are_a_value_error():
+    with pytest.raises(ValueError, match="weight is on cuda:1 but x is on cuda:0"):
+        cuda.rms_norm(_FakeCudaTensor(0), _FakeCudaTensor(1), 1e-6, None)
+    with pytest.raises(ValueError, match="out must be C-contiguous"):
+        cuda.softmax(_FakeCudaTensor(0), _FakeCudaTensor(0, contiguous=False))
+
+
+def test_injected_oom_is_a_backend_error():
+    pytest.importorskip("cupy")
+    call = cuda._Call.__new__(cuda._Call)
+    call.kind, call.dtype = "cupy", "float32"
+    with cuda.inject_fault("oom"):
+        with pytest.raises(tensor_ops.BackendError, match="rms_norm out of memory: OutOfMemoryError"):
+            with cuda._guard("rms_norm"):
+                call.empty(None, (1024, 1024))
+    with pytest.raises(ValueError, match="kind must be"):
+        with cuda.inject_fault("bogus"):
+            pass
+    assert cuda._FAULT is None
+    # user errors pass through the guard untouched
+    with pytest.raises(ValueError, match="mine"):
+        with cuda._guard("rms_norm"):
+            raise ValueError("mine")
+
+
+# ----------------------------------------------------------------------------- on a GPU
+def _require_gpu():
+    ok, reason = cuda.availability()
+    if not ok:
+        pytest.skip(reason)
+    import cupy
+    return cupy
+
+
+def _ref(op, x, extra):
+    x = x.astype(np.float64)
+    h = x.shape[-1] // 2
+    silu = lambda v: v / (1 + np.exp(-v))  # noqa: E731
+    from scipy.special import erf
+    gelu = lambda v: 0.5 * v * (1 + erf(v / np.sqrt(2)))  # noqa: E731
+    gelu_t = lambda v: 0.5 * v * (1 + np.tanh(np.sqrt(2 / np.pi) * (v + 0.044715 * v ** 3)))  # noqa: E731
+    if op == "rms_norm":
+        return x / np.sqrt((x * x).mean(-1, keepdims=True) + 1e-6) * extra["w"]
+    if op == "layer_norm":
+        d = x - x.mean(-1, keepdims=True)
+        return d / np.sqrt((d * d).mean(-1, keepdims=True) + 1e-5) * extra["w"] + extra["b"]
+    if op == "softmax":
+        e = np.exp(x - x.max(-1, keepdims=True))
+        return e / e.sum(-1, keepdims=True)
+    if op == "silu":
+        return silu(x)
+    if op == "relu":
+        return np.maximum(x, 0)
+    if op == "gelu":
+        return gelu(x)
+    if op == "gelu_tanh":
+        return gelu_t(x)
+    if op == "swiglu":
+        return silu(x[:, :h]) * x[:, h:]
+    if op == "geglu":
+        return gelu(x[:, :h]) * x[:, h:]
+    if op == "rope":
+        c, s = extra["cos"][np.arange(x.shape[0]) % extra["cos"].shape[0]], \
+            extra["sin"][np.arange(x.shape[0]) % extra["sin"].shape[0]]
+        if extra["interleaved"]:
+            rot = np.empty_like(x)
+            rot[:, 0::2], rot[:, 1::2] = -x[:, 1::2], x[:, 0::2]
+        else:
+            rot = np.concatenate([-x[:, h:], x[:, :h]], -1)
+        return x * c + rot * s
+    raise AssertionError(op)
+
+
+OPS = ["rms_norm", "layer_norm", "softmax", "silu", "relu", "gelu", "gelu_tanh", "swiglu", "geglu", "rope",
+       "rope_interleaved"]
+SHAPES = [(1, 8), (3, 37), (4, 64), (2, 514), (3, 1000), (2, 4096), (2, 8200), (2, 20000)]
+TOL = {"float32": (1.3e-6, 1e-5), "float16": (1e-3, 2e-3), "bfloat16": (1.6e-2, 2e-2)}
+
+
+def _call(op, xd, extra_d, out=None):
+    if op == "rms_norm":
+        return cuda.rms_norm(xd, extra_d["w"], 1e-6, out)
+    if op == "layer_norm":
+        return cuda.layer_norm(xd, extra_d["w"], extra_d["b"], 1e-5, out)
+    if op in ("softmax", "silu", "relu", "swiglu"):
+        return getattr(cuda, op)(xd, out)
+    if op in ("gelu", "gelu_tanh"):
+        return cuda.gelu(xd, "tanh" if op == "gelu_tanh" else "none", out)
+    if op == "geglu":
+        return cuda.geglu(xd, "none", out)
+    return cuda.rope(xd, extra_d["cos"], extra_d["sin"], extra_d["interleaved"], out)
+
+
+@pytest.mark.parametrize("lib", ["cupy", "torch"])
+@pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16"])
+@pytest.mark.parametrize("shape", SHAPES, ids=lambda s: f"{s[0]}x{s[1]}")
+@pytest.mark.parametrize("op", OPS)
+@pytest.mark.parametrize("offset", [0, 1], ids=["aligned", "offset1"])
+def test_kernel_matches_fp64_reference(op, shape, dtype, lib, offset):
+    cupy = _require_gpu()
+    if op.startswith("rope") or op in ("swiglu", "geglu"):
+        shape = (shape[0], shape[1] + shape[1] % 2)
+    if lib == "cupy" and dtype == "bfloat16":
+        pytest.skip("CuPy has no bfloat16 dtype; bf16 is covered with torch tensors")
+    torch = pytest.importorskip("torch") if lib == "torch" else None
+    if torch is not None and not torch.cuda.is_available():
+        pytest.skip("torch has no CUDA here")
+    rng = np.random.default_rng(hash((op, shape)) % 2**32)
+    x = (rng.standard_normal(shape) * 3).astype(np.float32)
+    n = shape[1]
+    extra = {"w": rng.standard_normal(n).astype(np.float32), "b": rng.standard_normal(n).astype(np.float32),
+             "cos": rng.standard_normal((5, n)).astype(np.float32),
+             "sin": rng.standard_normal((5, n)).astype(np.float32),
+             "interleaved": op == "rope_interleaved"}
+    name = "rope" if op.startswith("rope") else op
+
+    def dev(a, dt):
+        # offset=1 puts the array one element past a 16-byte boundary: the scalar path.
+        if lib == "cupy":
+            buf = cupy.empty(a.size + offset, dtype=dt)
+            v = buf[offset:].reshape(a.shape)
+            v[...] = cupy.asarray(a.astype(dt))
+            return v
+        tdt = getattr(torch, dt)
+        buf = torch.empty(a.size + offset, dtype=tdt, device="cuda")
+        v = buf[offset:].view(a.shape)
+        v.copy_(torch.from_numpy(a).to(tdt))
+        return v
+
+    xd = dev(x, dtype)
+    extra_d = {k: (dev(v, "float32" if k in ("cos", "sin") else dtype) if isinstance(v, np.ndarray) else v)
+               for k, v in extra.items()}
+    # Reference from the rounded inputs, so only the kernel's error is measured.
+    def host(a):
+        return a.get().astype(np.float64) if lib == "cupy" else a.float().cpu().numpy().astype(np.float64)
+    ref = _ref(name if op != "gelu_tanh" else op, host(xd),
+               {k: host(v) if not isinstance(v, bool) else v for k, v in extra_d.items()})
+    y = _call(op, xd, extra_d)
+    assert type(y) is type(xd)
+    rtol, atol = TOL[dtype]
+    if name in ("rms_norm", "layer_norm", "softmax"):
+        atol *= max(1.0, np.sqrt(n) / 8)
+    np.testing.assert_allclose(host(y), ref, rtol=rtol, atol=atol)
+    out = dev(np.zeros(ref.shape, np.float32), dtype)
+    assert _call(op, xd, extra_d, out) is out
+    np.testing.assert_allclose(host(out), ref, rtol=rtol, atol=atol)
+
+
+def test_torch_on_a_side_stream_and_no_copy():
+    _require_gpu()
+    torch = pytest.importorskip("torch")
+    if not torch.cuda.is_available():
+        pytest.skip("torch has no CUDA here")
+    x = torch.randn(64, 4096, device="cuda")
+    w = torch.randn(4096, device="cuda")
+    ptr = x.data_ptr()
+    s = torch.cuda.Stream()
+    with torch.cuda.stream(s):
+        y = cuda.rms_norm(x, w, 1e-6, None)
+        ref = torch.nn.functional.rms_norm(x, (4096,), w, 1e-6)
+    s.synchronize()
+    assert x.data_ptr() == ptr and y.device == x.device
+    torch.testing.assert_close(y, ref, rtol=1e-5, atol=1e-5)
+
+
+def test_facade_with_cupy_and_injected_oom():
+    cupy = _require_gpu()
+    x = cupy.random.standard_normal((8, 256), dtype=cupy.float32)
+    w = cupy.ones(256, cupy.float32)
+    y = tensor_ops.rms_norm(x, w, backend="cuda")
+    assert isinstance(y, cupy.ndarray)
+    with cuda.inject_fault("oom"):
+        with pytest.raises(RuntimeError, match="out of memory"):
+            tensor_ops.rms_norm(x, w, backend="cuda")
+
+
+def test_nvrtc_fallback_on_gpu(monkeypatch, tmp_path):
+    _require_gpu()
+    monkeypatch.setattr(cuda, "FATBIN_PATH", tmp_path / "missing.fatbin")
+    cuda._reset_for_tests()
+    try:
+        ok, reason = cuda.availability()
+        assert ok, reason
+        info = cuda.get_cuda_info()
+        assert info["nvrtc_fallback"] and "no fatbin" in info["nvrtc_reason"]
+    finally:
+        monkeypatch.undo()
+        cuda._reset_for_tests()

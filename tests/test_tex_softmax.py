@@ -1,0 +1,106 @@
+"""tex fused softmax family vs fp64 torch autograd; mask semantics; bad masks."""
+from __future__ import annotations
+
+import pytest
+
+torch = pytest.importorskip("torch")
+import tensor_ops.tex as tex  # noqa: E402
+from tensor_ops.tex import _testing as T  # noqa: E402
+
+DT = [pytest.param(d, id=str(d).split(".")[-1]) for d in T.DTYPES]
+
+
+def _check(fwd, bwd, x, ref_fn, scale, backend):
+    dy = T.rand(x.shape, x.dtype, seed=9)
+    with T.forced(backend):
+        y = fwd(x, scale)
+        dx = bwd(dy, y, scale)
+    ref, (gx,) = T.grads(ref_fn, [x], dy)
+    T.assert_close(y, ref)
+    # the backward uses the stored (rounded) probabilities, as TE's kernels do
+    y64 = y.double()
+    exp = scale * y64 * (dy.double() - (dy.double() * y64).sum(-1, keepdim=True))
+    T.assert_close(dx, exp, red=x.shape[-1])
+    if x.dtype == torch.float32:  # low precision: y's rounding dominates; checked against `exp` above
+        T.assert_close(dx, gx, red=x.shape[-1])
+    assert dx.dtype == x.dtype and dx.data_ptr() != dy.data_ptr()
+
+
+@pytest.mark.parametrize("backend", T.backends_for("scaled_softmax_forward"))
+@pytest.mark.parametrize("dtype", DT)
+@pytest.mark.parametrize("shape", [(1, 1, 1, 7), (2, 3, 5, 33), (1, 2, 4, 128)], ids=str)
+def test_scaled_softmax(backend, dtype, shape):
+    x = T.rand(shape, dtype, seed=1, scale=3)
+    _check(tex.scaled_softmax_forward, tex.scaled_softmax_backward, x,
+           lambda v: torch.softmax(v * 0.7, -1), 0.7, backend)
+
+
+@pytest.mark.parametrize("backend", T.backends_for("scaled_masked_softmax_forward"))
+@pytest.mark.parametrize("dtype", DT)
+@pytest.mark.parametrize("mask_b", [1, 2])
+def test_scaled_masked_softmax(backend, dtype, mask_b):
+    b, h, sq, sk = 2, 3, 6, 17
+    x = T.rand((b, h, sq, sk), dtype, seed=2, scale=3)
+    g = torch.Generator().manual_seed(3)
+    mask = (torch.rand((mask_b, 1, sq, sk), generator=g) < 0.3).to(torch.uint8)
+    mask[0, 0, 1, :] = 1  # one fully masked row → zeros
+
+    def ref(v):
+        logits = (v * 0.5).masked_fill(mask.bool(), -10000.0)
+        out = torch.softmax(logits, -1)
+        return out.masked_fill(mask.bool().all(-1, keepdim=True), 0.0)
+
+    _check(lambda v, s: tex.scaled_masked_softmax_forward(v, mask, s), tex.scaled_masked_softmax_backward,
+           x, ref, 0.5, backend)
+    with T.forced(backend):
+        y = tex.scaled_masked_softmax_forward(x, mask, 0.5)
+    assert (y[:, :, 1][0] == 0).all() if mask_b == 1 else (y[0, :, 1] == 0).all()
+
+
+def test_masked_logit_is_replaced_not_added():
+    x = torch.tensor([[[[20000.0, 0.0]]]])
+    mask = torch.tensor([[[[1, 0]]]], dtype=torch.uint8)
+    y = tex.scaled_masked_softmax_forward(x, mask, 1.0)
+    # replaced: logits (-10000, 0) → ~(0, 1); adding -10000 would give (10000, 0) → (1, 0)
+    assert y[0, 0, 0, 1].item() == pytest.approx(1.0)
+
+
+@pytest.mark.parametrize("backend", T.backends_for("scaled_upper_triang_masked_softmax_forward"))
+@pytest.mark.parametrize("dtype", DT)
+def test_upper_triang(backend, dtype):
+    x = T.rand((4, 9, 9), dtype, seed=4, scale=2)
+    causal = torch.ones(9, 9, dtype=torch.bool).triu(1)
+    _check(tex.scaled_upper_triang_masked_softmax_forward, tex.scaled_upper_triang_masked_softmax_backward, x,
+           lambda v: torch.softmax((v * 1.3).masked_fill(causal, float("-inf")), -1), 1.3, backend)
+
+
+@pytest.mark.parametrize("backend", T.backends_for("scaled_aligned_causal_masked_softmax_forward"))
+@pytest.mark.parametrize("dtype", DT)
+@pytest.mark.parametrize("sq,sk", [(5, 9), (9, 9), (1, 4)])
+def test_aligned_causal(backend, dtype, sq, sk):
+    x = T.rand((2, 2, sq, sk), dtype, seed=5, scale=2)
+    i = torch.arange(sq)[:, None]
+    j = torch.arange(sk)[None, :]
+    m = j > i + (sk - sq)
+    _check(tex.scaled_aligned_causal_masked_softmax_forward, tex.scaled_aligned_causal_masked_softmax_backward, x,
+           lambda v: torch.softmax((v * 0.9).masked_fill(m, float("-inf")), -1), 0.9, backend)
+
+
+def test_softmax_bad_input():
+    x = torch.randn(2, 3, 4, 5)
+    with pytest.raises(ValueError, match=r"mask has shape \(2, 3, 4, 5\)"):
+        tex.scaled_masked_softmax_forward(x, torch.zeros(2, 3, 4, 5, dtype=torch.uint8), 1.0)
+    with pytest.raises(ValueError, match="mask has shape"):
+        tex.scaled_masked_softmax_forward(x, torch.zeros(3, 1, 4, 5, dtype=torch.uint8), 1.0)
+    with pytest.raises(ValueError, match="mask has shape"):
+        tex.scaled_masked_softmax_forward(x, torch.zeros(1, 1, 4, 6, dtype=torch.uint8), 1.0)
+    with pytest.raises(ValueError, match="4-D"):
+        tex.scaled_softmax_forward(torch.randn(3, 4, 5), 1.0)
+    with pytest.raises(ValueError, match="square"):
+        tex.scaled_upper_triang_masked_softmax_forward(torch.randn(3, 4, 5), 1.0)
+    with pytest.raises(TypeError, match="3"):
+        tex.scaled_softmax_backward(x, x)
+    with pytest.raises(ValueError, match="differ in shape"):
+        tex.scaled_softmax_backward(x, x[..., :4], 1.0)
+    with pytest.raises(ValueError, match="different devices"):
+        tex.scaled_masked_softmax_forward(x, torch.zeros(2, 1, 4, 5, dtype=torch.uint8, device="meta"), 1.0)
