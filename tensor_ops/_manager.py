@@ -42,6 +42,31 @@ class Resolution:
         self.note = note
 
 
+def _device_only(impl: OpImpl) -> OpImpl:
+    """A view of ``impl`` that declines host (NumPy) arrays: used when the order did not name
+    a device backend, so host data is not copied to a device nobody asked for."""
+    import dataclasses
+    import numpy as np
+    inner = impl.supports
+
+    def supports(*args, **kw):
+        if args and type(args[0]) is np.ndarray:
+            return False
+        return inner(*args, **kw) if inner is not None else True
+
+    return dataclasses.replace(impl, supports=supports, source=impl.source)
+
+
+def _wrong_result(out, expect) -> bool:
+    """True when a facade impl returned something other than an array of the expected 2-D
+    shape and dtype (a lying backend must not hand garbage to the caller)."""
+    try:
+        dt = out.dtype
+        return out.shape != expect[0] or (dt is not expect[1] and dt != expect[1])
+    except AttributeError:
+        return True
+
+
 def _match(impl: OpImpl, tok: str) -> bool:
     if tok in ("default", "vendor", "reference"):
         return impl.kind.value == tok
@@ -87,6 +112,7 @@ class OpManager:
         self._cache: dict = {}
         self._avail: dict = {}               # impl -> (ok, reason)
         self._warned: set = set()
+        self.fast: dict = {}                 # op -> Resolution of the plain policy (no override, untuned)
         self._retired: dict = {}             # (op, api) -> [calls by impl, fallbacks] of dropped caches
         self._seq = 0
         self._override_tokens: dict = {}
@@ -109,6 +135,7 @@ class OpManager:
                     acc[0][k] = acc[0].get(k, 0) + v
                 acc[1] += res.fallbacks
             self._cache = {}
+            self.fast = {}
             self._override_tokens = {}
 
     # -- availability -------------------------------------------------------------------
@@ -166,6 +193,8 @@ class OpManager:
                     self._seq += 1
                     res.seq = (override is None, self._seq)
                     self._cache[key] = res
+                    if override is None and bucket == -1 and api == "facade" and (s is None or op not in s.tuning_ops):
+                        self.fast[op] = res
         return res
 
     def _resolve(self, op, api, override, dtype_name, nbytes) -> Resolution:
@@ -219,6 +248,9 @@ class OpManager:
         else:
             rest = sorted((i for i in usable if i not in ordered), key=_default_rank)
             ordered += [i for i in rest if i.kind is not _REF] + [i for i in rest if i.kind is _REF]
+        named = {t for t in tokens if t not in ("default", "vendor", "reference") and not t.startswith("vendor:")}
+        ordered = [i if i.host_arrays == "always" or i.backend in named or f"impl:{i.impl_id}" in named
+                   else _device_only(i) for i in ordered]
         return Resolution(op, api, tokens, source, forced, strict, tuple(ordered), excluded, note)
 
     def _exclusion(self, impl: OpImpl) -> str:
@@ -250,17 +282,23 @@ class OpManager:
             backend = _state.context_backend.get()
             if backend is None:
                 backend = _state.global_backend
-        res = self.resolve(op, backend, api, dtype_name, nbytes)
-        kwargs = kwargs or {}
+        return self.run(self.resolve(op, backend, api, dtype_name, nbytes), args, kwargs, expect)
+
+    def run(self, res: Resolution, args: tuple, kwargs: Optional[dict] = None, expect: Optional[tuple] = None):
+        """Walk the candidates of a resolution: the per-call part of dispatch."""
         last_exc = None
         for impl in res.candidates:
             sup = impl.supports
-            if sup is not None and not sup(*args, **kwargs):
-                continue
             try:
-                out = impl.fn(*args, **kwargs)
-                if expect is not None and (getattr(out, "shape", None) != expect[0]
-                                           or getattr(out, "dtype", None) != expect[1]):
+                if kwargs:
+                    if sup is not None and not sup(*args, **kwargs):
+                        continue
+                    out = impl.fn(*args, **kwargs)
+                else:
+                    if sup is not None and not sup(*args):
+                        continue
+                    out = impl.fn(*args)
+                if expect is not None and _wrong_result(out, expect):
                     raise BackendError(
                         f"{impl.impl_id} returned {type(out).__name__} of shape {getattr(out, 'shape', None)} "
                         f"dtype {getattr(out, 'dtype', None)}; expected shape {expect[0]} dtype {expect[1]}")
@@ -270,7 +308,7 @@ class OpManager:
                 last_exc = exc
                 if res.strict:
                     self._count_failure(res, impl, exc, warn=False)
-                    raise BackendError(f"op {op!r}: {impl.impl_id} failed and strict mode forbids fallback: "
+                    raise BackendError(f"op {res.op!r}: {impl.impl_id} failed and strict mode forbids fallback: "
                                        f"{type(exc).__name__}: {exc}") from exc
                 self._count_failure(res, impl, exc, warn=True)
                 continue

@@ -90,6 +90,10 @@ class OpImpl:
         supports: optional cheap per-call check ``supports(*args, **kw) -> bool``.
         available: optional ``() -> bool | (bool, reason)``, evaluated once.
         api: ``"facade"``, ``"tex"`` or ``"custom"``; defaults from the op name.
+        host_arrays: ``"always"`` (default) or ``"when-named"``: a device backend (CUDA,
+            OpenCL) that must copy host (NumPy) arrays takes them only when an order names
+            it explicitly (backend name or ``impl:`` token: keyword, env, per_op, priority,
+            tuning); under the built-in default it serves device arrays only.
 
     Example:
         >>> impl = OpImpl(op_name="rms_norm", impl_id="vendor.demo", kind="vendor",
@@ -108,6 +112,7 @@ class OpImpl:
     supports: Optional[Callable[..., bool]] = None
     available: Optional[Callable[[], Any]] = None
     api: Optional[str] = None
+    host_arrays: str = "always"
     source: str = field(default="")
 
     def __post_init__(self) -> None:
@@ -138,6 +143,8 @@ class OpImpl:
             self.backend = (self.vendor or self.impl_id.split(".", 1)[-1]).lower()
         else:
             self.backend = str(self.backend).lower()
+        if self.host_arrays not in ("always", "when-named"):
+            raise ValueError(f"OpImpl.host_arrays must be 'always' or 'when-named', got {self.host_arrays!r}")
         if self.api is None:
             self.api = default_api(self.op_name)
         elif self.api not in ("facade", "tex", "custom"):

@@ -26,6 +26,9 @@ def _kind(a, name: str) -> str:
 def check_x(x, name: str = "x"):
     """Return (x, kind, dtype) for a floating array of rank ≥ 1."""
     k = _kind(x, name)
+    if k == "torch" and x.device.type == "cpu":
+        raise TypeError(f"{name} is a torch CPU tensor: pass {name}.numpy() (zero-copy) to the NumPy facade, "
+                        f"or use tensor_ops.tex for torch tensors")
     dt = np_dtype(x, k)
     if dt is None or not is_float(dt):
         raise TypeError(f"{name} must have dtype {ACCEPTED}, got {dtype_label(x, k)}")

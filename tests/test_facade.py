@@ -69,7 +69,7 @@ def test_bad_input_same_error_on_every_backend(case):
         with pytest.raises(exc) as err:
             call(b)
         assert frag in str(err.value), (b, str(err.value))
-        messages.add(str(err.value).replace(b, "<b>"))
+        messages.add(str(err.value))
     assert len(messages) == 1, messages
 
 

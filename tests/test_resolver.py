@@ -334,3 +334,18 @@ def test_template_backend_registers_and_serves():
     x = np.array([[3.0, 4.0]], np.float32)
     assert np.allclose(m.call("rms_norm", x, np.ones(2, np.float32), 0.0, None), x / np.sqrt(12.5))
     assert _template.availability() == (True, "")
+
+
+def test_device_backend_takes_host_arrays_only_when_named(isolated_config):
+    reg = to.get_registry()
+    reg.register_impl(_impl("relu", "vendor.gpu", priority=999, host_arrays="when-named",
+                            fn=lambda x, out: np.full_like(x, 9)))
+    try:
+        assert to.relu(X)[0, 0] == 1                          # default order: host data stays on the host
+        assert to.relu(X, backend="gpu")[0, 0] == 9           # named: copies are what the user asked for
+        isolated_config.write_text('{"schema_version": 1, "per_op": {"relu": ["gpu", "numpy"]}}')
+        to.reload_config()
+        assert to.relu(X)[0, 0] == 9
+        assert to.relu(X, backend="vendor")[0, 0] == 1        # a kind token does not name it
+    finally:
+        reg.unregister_impl("relu", "vendor.gpu", "facade")

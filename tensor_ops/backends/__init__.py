@@ -1,6 +1,7 @@
 """Built-in backends. Each module here follows CONTRIBUTING.md's backend contract
 (``NAME``, ``availability()``, ``register(registry)``, ``info()``) and is registered into the
-global registry exactly like a plugin. Importing them is cheap: toolkits (cupy, pyopencl)
+global registry exactly like a plugin. A device backend sets ``HOST_ARRAYS = "when-named"``:
+it then serves NumPy input only when an order names it (see OpImpl.host_arrays). Importing them is cheap: toolkits (cupy, pyopencl)
 and native modules are loaded only by ``availability()``.
 """
 from __future__ import annotations
@@ -38,6 +39,10 @@ def register_builtins(registry) -> dict:
                 out[name] = "not shipped in this version"
                 continue
             mod.register(registry)
+            policy = getattr(mod, "HOST_ARRAYS", "always")
+            for impl in registry.all_impls():
+                if impl.backend == name and impl.api == "facade":
+                    impl.host_arrays = policy
             out[name] = mod
         except Exception as exc:  # a broken backend module must not break the others
             log.warning("tensor_ops: backend %r failed to register: %s: %s", name, type(exc).__name__, exc)
