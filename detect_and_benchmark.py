@@ -1,41 +1,183 @@
-"""One-shot: detect the machine, validate every available backend, time what exists.
+"""One-shot: detect → build → validate → benchmark → tune → write backend.json → report.
 
-(Interim version: the full detect → build → validate → benchmark → tune → write pipeline
-replaces this.)
+    python detect_and_benchmark.py              # everything (< 10 minutes on a laptop-class CPU)
+    python detect_and_benchmark.py --quick      # a few sizes, short timings (CI; < 1 minute)
+    python detect_and_benchmark.py --no-build --no-write --ops rms_norm,softmax --backends cpp
+
+1. Detect: ``tensor_ops/_build/capabilities.py`` (loaded by path, like setup.py), shown as a table.
+2. Build: ``setup.py build_ext --inplace``, ``build_cuda`` (where nvcc exists), ``build_opencl``
+   (where an OpenCL device exists), each as a subprocess, reported ok / skipped (why) / failed
+   (why + the tail of its log, the full log under bench_results/). The run goes on with what
+   works; ``--strict`` stops at the first failure.
+3-6. Validate every available impl against an fp64 reference (failing ones are excluded from the
+   tuned orders, with the reason), benchmark against a 2-thread copy, tune, write ``tuning``
+   into backend.json (user settings kept), report: table, PNG + JSON, who serves each op now.
+   (``tensor_ops/_bench_cli.py``; the same engine is ``python -m tensor_ops bench``.)
+
+Exit code: 0 when everything built and validated, 1 when something failed (a build, a
+backend's numerics, the write), 2 for bad options.
 """
 from __future__ import annotations
 
+import argparse
+import importlib.util
+import os
+import subprocess
 import sys
 import time
 from pathlib import Path
 
-import numpy as np
-
 ROOT = Path(__file__).resolve().parent
-sys.path.insert(0, str(ROOT / "tensor_ops" / "_build"))
-import capabilities  # noqa: E402
-
-import tensor_ops as to  # noqa: E402
 
 
-def main() -> int:
-    print(capabilities.format_table(capabilities.detect_all()))
-    x = np.random.default_rng(0).standard_normal((1024, 4096)).astype(np.float32)
-    w = np.ones(4096, np.float32)
-    ref = to.rms_norm(x, w, backend="numpy")
-    info = to.get_backend_info()
-    for name, b in info["backends"].items():
-        if not b["available"]:
-            print(f"{name:<8} unavailable: {b['reason']}")
-            continue
-        y = to.rms_norm(x, w, backend=name)
-        ok = np.allclose(y, ref, rtol=1e-5, atol=1e-5)
-        t0 = time.perf_counter()
-        for _ in range(5):
-            to.rms_norm(x, w, backend=name)
-        dt = (time.perf_counter() - t0) / 5
-        print(f"{name:<8} rms_norm 1024x4096 fp32: {'ok' if ok else 'WRONG'}  {2 * x.nbytes / dt / 1e9:.1f} GB/s")
-    return 0
+def _load_build_module(name: str):
+    """tensor_ops/_build/<name>.py without importing tensor_ops (it may be rebuilt below)."""
+    path = ROOT / "tensor_ops" / "_build" / f"{name}.py"
+    spec = importlib.util.spec_from_file_location(f"_tensor_ops_build_{name}", path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def _load_cli():
+    """tensor_ops._bench_cli, imported only after the builds so the fresh extension loads."""
+    sys.path.insert(0, str(ROOT))
+    from tensor_ops import _bench_cli
+    return _bench_cli
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(prog="detect_and_benchmark.py", description=__doc__.split("\n")[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--no-build", action="store_true", help="skip the build step")
+    p.add_argument("--no-write", action="store_true", help="do not write the tuning table into backend.json")
+    p.add_argument("--strict", action="store_true", help="any failure (build, numerics) is fatal")
+    p.add_argument("--build-timeout", type=float, default=480, help="seconds per build step (default 480)")
+    sys.path.insert(0, str(ROOT))
+    from tensor_ops._bench_cli import add_arguments   # argparse glue only; no native code loads
+    add_arguments(p, write_flag=False)
+    return p.parse_args(argv)
+
+
+# ----------------------------------------------------------------------------- build
+def build_plan(detected: dict) -> list[tuple[str, list, str]]:
+    """(name, command, skip reason or '') for each build step."""
+    py = [sys.executable, "setup.py"]
+    comp = detected.get("compilers", {})
+    have_cxx = any((comp.get(c) or {}).get("path") for c in ("g++", "clang++")) or bool(os.environ.get("CXX"))
+    nvcc = (comp.get("nvcc") or {}).get("path")
+    cl = detected.get("opencl", {})
+    return [
+        ("cpp", py + ["build_ext", "--inplace"], "" if have_cxx else "no C++ compiler (g++/clang++) on PATH"),
+        ("cuda", py + ["build_cuda"], "" if nvcc else "nvcc not found on PATH"),
+        ("opencl", py + ["build_opencl"], "" if cl.get("available") else f"no OpenCL device: {cl.get('reason')}"),
+    ]
+
+
+def run_build(name: str, cmd: list, skip: str, log_dir: Path, timeout: float, console) -> dict:
+    rec = {"name": name, "command": " ".join(cmd[1:]), "status": "skipped", "reason": skip, "seconds": 0.0}
+    if skip:
+        return rec
+    log_dir.mkdir(parents=True, exist_ok=True)
+    log = log_dir / f"build_{name}.log"
+    t0 = time.perf_counter()
+    status = console.status(f"building {name}: python {rec['command']}") if console is not None else None
+    if status is not None:
+        status.start()
+    try:
+        p = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=timeout)
+        text, rc = p.stdout + p.stderr, p.returncode
+    except subprocess.TimeoutExpired as exc:
+        text = (exc.stdout or b"").decode(errors="replace") if isinstance(exc.stdout, bytes) else (exc.stdout or "")
+        text, rc = text + f"\n(timed out after {timeout:.0f}s)", -1
+    except OSError as exc:
+        text, rc = str(exc), -1
+    finally:
+        if status is not None:
+            status.stop()
+    log.write_text(text, encoding="utf-8")
+    rec.update(seconds=round(time.perf_counter() - t0, 1), log=str(log))
+    if rc == 0:
+        rec.update(status="ok", reason="")
+    else:
+        tail = [ln for ln in text.strip().splitlines() if ln.strip()][-12:]
+        why = next((ln for ln in reversed(tail) if "error" in ln.lower()), tail[-1] if tail else f"exit code {rc}")
+        rec.update(status="failed", reason=why.strip()[:300], tail=tail, returncode=rc)
+    return rec
+
+
+def _say(console, text=""):
+    if console is not None:
+        console.print(text, highlight=False, markup=False)
+    else:
+        print(text)
+
+
+def main(argv=None) -> int:
+    t_start = time.perf_counter()
+    args = parse_args(argv)
+    cli = _load_cli()
+    err = cli.check_args(args)
+    if err:
+        print(err, file=sys.stderr)
+        return 2
+    console = cli._console()
+    out_dir = Path(args.json_path).parent if args.json_path else cli.DEFAULT_DIR
+
+    _say(console, "== 1. detect")
+    capabilities = _load_build_module("capabilities")
+    t0 = time.perf_counter()
+    detected = capabilities.detect_all()
+    _say(console, capabilities.format_table(detected))
+    t_detect = time.perf_counter() - t0
+
+    _say(console, "\n== 2. build")
+    builds = []
+    if args.no_build:
+        _say(console, "skipped (--no-build)")
+    else:
+        for name, cmd, skip in build_plan(detected):
+            rec = run_build(name, cmd, skip, out_dir, args.build_timeout, console)
+            builds.append(rec)
+            line = f"{name:<7} {rec['status']:<8} {rec['seconds']:6.1f}s  {rec['reason'] or rec['command']}"
+            _say(console, line)
+            if rec["status"] == "failed":
+                for ln in rec.get("tail", [])[-6:]:
+                    _say(console, f"          | {ln}")
+                _say(console, f"          full log: {rec['log']}")
+                if args.strict:
+                    _say(console, "--strict: stopping at the first failure")
+                    return 1
+
+    _say(console, "\n== 3-6. validate, benchmark, tune, report")
+    import tensor_ops as to
+    try:
+        to.reload_config()
+    except ValueError as exc:
+        _say(console, f"configuration error: {exc}")
+        return 1
+    argv_text = " ".join(sys.argv[1:] if argv is None else argv)
+    source = f"detect_and_benchmark.py {argv_text}".strip()
+    payload = cli.pipeline(args, console, detected, write=not args.no_write, source=source, strict=args.strict)
+    if payload.get("aborted"):
+        payload["build"] = builds
+        cli.save_json(payload, args)
+        return 1
+    failed_numerics = any(v["failures"] for v in payload["validation"].values())
+    payload["build"] = builds
+    payload["timing_s"]["detect"] = round(t_detect, 1)
+    payload["timing_s"]["build"] = round(sum(b["seconds"] for b in builds), 1)
+    payload["timing_s"]["all"] = round(time.perf_counter() - t_start, 1)
+    cli.save_json(payload, args)
+
+    failed_builds = [b for b in builds if b["status"] == "failed"]
+    summary = ", ".join(f"{b['name']} {b['status']}" for b in builds) or "no build"
+    _say(console, f"\nbuild: {summary}; numerics: {'FAILURES (see EXCLUDED above)' if failed_numerics else 'all ok'}; "
+                  f"total {payload['timing_s']['all']:.0f}s")
+    if payload.get("busy_note"):
+        _say(console, "WARNING: " + payload["busy_note"])
+    return 1 if (failed_builds or failed_numerics or "error" in payload.get("written", {})) else 0
 
 
 if __name__ == "__main__":

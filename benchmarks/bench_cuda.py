@@ -81,7 +81,6 @@ def _cases(torch, cuda, op, rows, n, dtype):
             return torch.softmax(x.float(), -1).to(x.dtype)
         return (lambda: cuda.softmax(x, y), lambda: torch.softmax(x, -1), lambda: math(x), math, (x,), nbytes)
     if op in ("silu", "relu", "gelu", "gelu_tanh"):
-        approx = "tanh" if op == "gelu_tanh" else "none"
         eager = {"silu": F.silu, "relu": F.relu, "gelu": lambda t: F.gelu(t),
                  "gelu_tanh": lambda t: F.gelu(t, approximate="tanh")}[op]
         ours = {"silu": lambda: cuda.silu(x, y), "relu": lambda: cuda.relu(x, y),

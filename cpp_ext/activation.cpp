@@ -13,7 +13,9 @@ inline V act(V x) {
     if (OP == UN_SILU) return vsilu(x);
     if (OP == UN_RELU) return vmax(vset(0.0f), x);  // operand order: NaN in x stays NaN
     if (OP == UN_GELU_ERF) return vgelu_erf(x);
-    return vgelu_tanh(x);
+    if (OP == UN_GELU_TANH) return vgelu_tanh(x);
+    if (OP == UN_EXP) return vexp(x);
+    return vtanh(x);
 }
 
 template <class T, int OP>
@@ -48,6 +50,8 @@ void fill_t(KernelTable& t, int dt) {
     t.unary[dt][UN_RELU] = unary_k<T, UN_RELU>;
     t.unary[dt][UN_GELU_ERF] = unary_k<T, UN_GELU_ERF>;
     t.unary[dt][UN_GELU_TANH] = unary_k<T, UN_GELU_TANH>;
+    t.unary[dt][UN_EXP] = unary_k<T, UN_EXP>;
+    t.unary[dt][UN_TANH] = unary_k<T, UN_TANH>;
     t.glu[dt][GLU_SWIGLU] = glu_k<T, GLU_SWIGLU>;
     t.glu[dt][GLU_GEGLU_ERF] = glu_k<T, GLU_GEGLU_ERF>;
     t.glu[dt][GLU_GEGLU_TANH] = glu_k<T, GLU_GEGLU_TANH>;

@@ -10,7 +10,8 @@
 namespace to {
 
 enum Dt : int { DT_F32 = 0, DT_F16 = 1, DT_BF16 = 2, DT_COUNT = 3 };
-enum Unary : int { UN_SILU = 0, UN_RELU = 1, UN_GELU_ERF = 2, UN_GELU_TANH = 3, UN_COUNT = 4 };
+// UN_EXP / UN_TANH are bound as _cpp._exp / _cpp._tanh so the tests can check vexp/vtanh.
+enum Unary : int { UN_SILU = 0, UN_RELU = 1, UN_GELU_ERF = 2, UN_GELU_TANH = 3, UN_EXP = 4, UN_TANH = 5, UN_COUNT = 6 };
 enum Glu : int { GLU_SWIGLU = 0, GLU_GEGLU_ERF = 1, GLU_GEGLU_TANH = 2, GLU_COUNT = 3 };
 
 struct AdamParams {

@@ -22,9 +22,6 @@
 #if defined(_OPENMP)
 #include <omp.h>
 #endif
-#if defined(__unix__) || defined(__APPLE__)
-#include <unistd.h>
-#endif
 #if (defined(__x86_64__) || defined(__i386__)) && defined(__GNUC__)
 #define TO_X86 1
 #include <cpuid.h>
@@ -60,16 +57,17 @@ std::string g_isa_note;
 int g_threads = 1;
 
 // Below this many bytes touched (inputs + outputs) a call stays on one thread. Measured
-// on the 2-core EPYC dev box (benchmarks/bench_cpp.py --threshold): waking the second
-// OpenMP thread and joining it costs ~2-4 us, and a single AVX2 thread streams
-// ~10-15 GB/s from cache, so below ~128 KiB (~10 us of work) the second thread cannot
-// win; above ~256 KiB two threads are clearly faster. Tunable via _set_tuning().
-int64_t g_par_bytes = 192 * 1024;
+// on the 2-core EPYC dev box with `python benchmarks/bench_cpp.py --threshold` (rms_norm +
+// silu, 1 vs 2 threads): 64 KiB 4.3 vs 6.4 us, 96 KiB 6.5 vs 7.6 us, 128 KiB 8.1 vs 5.9 us,
+// 256 KiB 16.3 vs 10.0 us. Waking and joining the second OpenMP thread costs a few us, so
+// the split only pays once a call does more than ~8 us of work. Tunable: _set_tuning().
+int64_t g_par_bytes = 128 * 1024;
 // Outputs at least this large are written with non-temporal (streaming) stores: they
 // skip the read-for-ownership of the destination (1/3 of the memory traffic of a
 // read+write kernel) but leave the result out of cache, which only pays when the output
-// would not have stayed in the last-level cache anyway. Set at import from the LLC size.
-int64_t g_nt_bytes = 16 << 20;
+// would not have stayed in the last-level cache anyway. 8 MiB: a quarter of the dev box's
+// 32 MiB L3 (sysconf's L3 size is unreliable in VMs: it reports 320 MiB there).
+int64_t g_nt_bytes = 8 << 20;
 
 // ---------------------------------------------------------------------------- ISA
 bool cpu_avx2() {
@@ -133,7 +131,11 @@ int threads_for(int64_t bytes, int64_t units) {
     return (int)(units < g_threads ? units : g_threads);
 }
 
-// f(begin, end, thread_index) over [0, units), contiguous static chunks.
+// f(begin, end, thread_index) over [0, units). The range is cut into ~8 chunks per thread
+// handed out dynamically: on a shared machine one core is often busy with another
+// process, and a static half-and-half split then waits for the slow half (measured: 2
+// threads slower than 1 under load). Chunk calls of one thread share its index, so
+// per-thread scratch and partial sums stay valid.
 template <class F>
 void parallel_units(int64_t units, int nt, const F& f) {
     if (nt <= 1) {
@@ -141,11 +143,15 @@ void parallel_units(int64_t units, int nt, const F& f) {
         return;
     }
 #if defined(_OPENMP)
+    const int64_t chunks = units < (int64_t)nt * 8 ? units : (int64_t)nt * 8;
 #pragma omp parallel num_threads(nt)
     {
-        const int t = omp_get_thread_num(), T = omp_get_num_threads();
-        const int64_t b = units * t / T, e = units * (t + 1) / T;
-        if (b < e) f(b, e, t);
+        const int t = omp_get_thread_num();
+#pragma omp for schedule(dynamic, 1)
+        for (int64_t c = 0; c < chunks; ++c) {
+            const int64_t b = units * c / chunks, e = units * (c + 1) / chunks;
+            if (b < e) f(b, e, t);
+        }
     }
 #else
     f((int64_t)0, units, 0);
@@ -608,10 +614,6 @@ void init_runtime() {
 #if defined(_OPENMP)
     g_threads = omp_get_max_threads();  // honours OMP_NUM_THREADS
 #endif
-#if defined(_SC_LEVEL3_CACHE_SIZE)
-    long llc = sysconf(_SC_LEVEL3_CACHE_SIZE);
-    if (llc > 0) g_nt_bytes = (int64_t)llc > (4 << 20) ? (int64_t)llc : (4 << 20);
-#endif
 }
 
 }  // namespace
@@ -631,6 +633,12 @@ PYBIND11_MODULE(_cpp, m) {
         "x"_a, "out"_a = none, py::kw_only(), "dtype"_a = none);
     m.def(
         "relu", [](const py::object& x, const py::object& out, const py::object& dt) { return unary(UN_RELU, x, out, dt); },
+        "x"_a, "out"_a = none, py::kw_only(), "dtype"_a = none);
+    m.def(
+        "_exp", [](const py::object& x, const py::object& out, const py::object& dt) { return unary(UN_EXP, x, out, dt); },
+        "x"_a, "out"_a = none, py::kw_only(), "dtype"_a = none);
+    m.def(
+        "_tanh", [](const py::object& x, const py::object& out, const py::object& dt) { return unary(UN_TANH, x, out, dt); },
         "x"_a, "out"_a = none, py::kw_only(), "dtype"_a = none);
     m.def("gelu", &gelu, "x"_a, "approximate"_a = "none", "out"_a = none, py::kw_only(), "dtype"_a = none);
     m.def(

@@ -119,8 +119,9 @@ inline M visnan(V a) { return {a.v != a.v}; }
 inline M vlt(V a, V b) { return {a.v < b.v}; }
 inline V vsel(M m, V a, V b) { return m.m ? a : b; }
 inline V vxor(V a, V b) { return {bits_f(f_bits(a.v) ^ f_bits(b.v))}; }
-// round half away from zero: only ever used on |x| < 2^8, where that is all we need.
-inline VI vcvt_i(V a) { return {(int32_t)(a.v + (a.v >= 0.f ? 0.5f : -0.5f))}; }
+// round half away from zero: only ever used on |x| < 2^8, where that is all we need;
+// NaN maps to 0 (a NaN -> int cast is undefined behaviour in C++, unlike cvtps2dq).
+inline VI vcvt_i(V a) { return {a.v == a.v ? (int32_t)(a.v + (a.v >= 0.f ? 0.5f : -0.5f)) : 0}; }
 inline V vcvt_f(VI a) { return {(float)a.v}; }
 inline VI operator+(VI a, VI b) { return {a.v + b.v}; }
 inline VI operator-(VI a, VI b) { return {a.v - b.v}; }
@@ -302,8 +303,20 @@ inline void write_row(T* y, int64_t n, bool nt, const Full& full, const Part& pa
         if (head > n) head = n;
         if (head) vstore_part(y, part(0, head), head);
         i = head;
+        // Two independent vectors per iteration: the exp/erf chains are ~30 dependent
+        // ops deep, and the out-of-order window alone overlaps too few iterations.
+        for (; i + 2 * W <= n; i += 2 * W) {
+            V a = full(i), b = full(i + W);
+            vstream(y + i, a);
+            vstream(y + i + W, b);
+        }
         for (; i + W <= n; i += W) vstream(y + i, full(i));
     } else {
+        for (; i + 2 * W <= n; i += 2 * W) {
+            V a = full(i), b = full(i + W);
+            vstore(y + i, a);
+            vstore(y + i + W, b);
+        }
         for (; i + W <= n; i += W) vstore(y + i, full(i));
     }
     if (i < n) vstore_part(y + i, part(i, n - i), n - i);

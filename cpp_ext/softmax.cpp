@@ -41,7 +41,7 @@ void softmax_k(const void* xv, void* yv, int64_t rows, int64_t n, float* scratch
             V s = vset(0.0f);
             for (; i < end; i += W) {
                 const int64_t k = end - i < W ? end - i : W;
-                V v = vexp(ld(xr + i, k) - vm);
+                V v = vexp(ld(xr + i, k) - vm);  // precise: masked (-Inf) entries give exact 0
                 st(e + i, v, k);
                 if (k < W) v = vload_part(e + i, k, 0.0f);  // padded lanes must not count
                 s = s + v;

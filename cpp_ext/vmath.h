@@ -10,13 +10,20 @@ namespace {
 // exp(x), within 2 ulp over the whole fp32 range (test: <= 4 ulp), NaN -> NaN.
 // Cody-Waite reduction x = n*ln2 + r with ln2 split in a short high part (exact n*C1 for
 // |n| < 2^9) and a correction, so r is accurate to ~1 ulp; e^r on |r| <= ln2/2 by the
-// Cephes expf degree-6 minimax polynomial (~1 ulp). 2^n is applied as two factors
-// 2^(n>>1) * 2^(n - n>>1): each factor stays a normal float for n in [-150, 128], so
-// results that are denormal, underflow to 0 or overflow to +Inf come out right without
-// a branch. x is clamped to [-104, 88.8] first (beyond: 0 / Inf anyway).
+// Cephes expf degree-6 minimax polynomial (~1 ulp). x is clamped first (beyond the clamp
+// the result is 0 / Inf anyway); the clamp is written min(hi, max(lo, x)) because x86
+// min/max return their second operand when one is NaN, so NaN flows through to p and the
+// result without an extra blend.
+// Precise (default): 2^n is applied as two factors 2^(n>>1) * 2^(n - n>>1); each stays a
+// normal float for n in [-150, 128], so denormal results, underflow to 0 and overflow to
+// +Inf all come out right without a branch.
+// Fast (Precise = false): one factor, clamp at -87.3 so 2^n stays normal: results below
+// 2^-126 (and e^-Inf) come out as ~1e-38 instead of 0. Used where e^x only enters
+// 1/(1 + e^x) (silu, tanh-GELU), where that is invisible, for ~15% fewer instructions.
+template <bool Precise = true>
 inline V vexp(V x) {
-    const V lo = vset(-104.0f), hi = vset(88.8f);
-    V xc = vmin(vmax(x, lo), hi);
+    const V lo = vset(Precise ? -104.0f : -87.3f), hi = vset(88.8f);
+    V xc = vmin(hi, vmax(lo, x));
     V fn = vcvt_f(vcvt_i(xc * vset(1.44269504088896341f)));
     V r = vfnma(fn, vset(0.693359375f), xc);
     r = vfnma(fn, vset(-2.12194440e-4f), r);
@@ -28,20 +35,21 @@ inline V vexp(V x) {
     p = vfma(p, r, vset(5.0000001201e-1f));
     V y = vfma(p, r * r, r + vset(1.0f));
     VI n = vcvt_i(fn);
-    VI n1 = vsra1(n);
-    VI n2 = n - n1;
-    y = (y * vexp2i(n1)) * vexp2i(n2);
-    return vsel(visnan(x), x, y);
+    if (Precise) {
+        VI n1 = vsra1(n);
+        return (y * vexp2i(n1)) * vexp2i(n - n1);
+    }
+    return y * vexp2i(n);  // n = 128 gives the Inf bit pattern: overflow stays right
 }
 
 // x * sigmoid(x) written as x / (1 + e^-x): e^-x -> Inf for very negative x gives the
 // correct -0 limit, and silu(-Inf) = -Inf/Inf = NaN matches the float64 formula.
-inline V vsilu(V x) { return x / (vset(1.0f) + vexp(vset(0.0f) - x)); }
+inline V vsilu(V x) { return x / (vset(1.0f) + vexp<false>(vset(0.0f) - x)); }
 
 // erf(x): rational minimax approximation x*P(x^2)/Q(x^2) on [-4, 4] (the one Eigen and
 // XLA use for fp32; a few ulp); |x| > 4 clamps, where erf is +-1 to fp32 precision.
 inline V verf(V x) {
-    V xc = vmin(vmax(x, vset(-4.0f)), vset(4.0f));
+    V xc = vmin(vset(4.0f), vmax(vset(-4.0f), x));  // NaN passes through (see vexp)
     V x2 = xc * xc;
     V p = vset(-2.72614225801306e-10f);
     p = vfma(p, x2, vset(2.77068142495902e-08f));
@@ -56,7 +64,7 @@ inline V verf(V x) {
     q = vfma(q, x2, vset(-1.68282697438203e-03f));
     q = vfma(q, x2, vset(-7.37332916720468e-03f));
     q = vfma(q, x2, vset(-1.42647390514189e-02f));
-    return vsel(visnan(x), x, p / q);
+    return p / q;
 }
 
 // Exact GELU 0.5*x*(1 + erf(x/sqrt2)). The erf error (a few 1e-8 absolute) is scaled by
@@ -72,19 +80,28 @@ inline V vgelu_erf(V x) {
 // in 1 + tanh(u) for negative x (the relative error stays at the exp error, ~2 ulp).
 inline V vgelu_tanh(V x) {
     V u = x * vfma(vset(0.044715f) * x, x, vset(1.0f)) * vset(-1.5957691216057308f);  // -2u
-    return x / (vset(1.0f) + vexp(u));
+    return x / (vset(1.0f) + vexp<false>(u));
 }
 
 // tanh(x) by the same route, for callers that need tanh itself:
-// tanh(x) = sign(x) * (1 - 2/(e^(2|x|) + 1)); below |x| < 0.0625 the odd Taylor series
-// to x^7 avoids the cancellation of 1 - 2/(e^(2|x|)+1) (error < 1 ulp there).
+// tanh(x) = sign(x) * (1 - 2/(e^(2|x|) + 1)). Below |x| < 0.55 that difference cancels
+// (up to ~16 ulp lost near 0.06), so there the odd Taylor series to x^17 is used instead
+// (truncation < 1e-8 relative at 0.55; at 0.55 the subtraction loses only one bit).
 inline V vtanh(V x) {
     V ax = vabs(x);
     V e = vexp(ax + ax);
     V big = vset(1.0f) - vset(2.0f) / (e + vset(1.0f));
     V x2 = x * x;
-    V small = vfma(vfma(vfma(vset(-17.0f / 315.0f), x2, vset(2.0f / 15.0f)), x2, vset(-1.0f / 3.0f)) * x2, ax, ax);
-    V r = vsel(vlt(ax, vset(0.0625f)), small, big);
+    V p = vset(6404582.0f / 10854718875.0f);
+    p = vfma(p, x2, vset(-929569.0f / 638512875.0f));
+    p = vfma(p, x2, vset(21844.0f / 6081075.0f));
+    p = vfma(p, x2, vset(-1382.0f / 155925.0f));
+    p = vfma(p, x2, vset(62.0f / 2835.0f));
+    p = vfma(p, x2, vset(-17.0f / 315.0f));
+    p = vfma(p, x2, vset(2.0f / 15.0f));
+    p = vfma(p, x2, vset(-1.0f / 3.0f));
+    V small = vfma(p * x2, ax, ax);
+    V r = vsel(vlt(ax, vset(0.55f)), small, big);
     V sign = vxor(x, ax);  // just the sign bit of x
     return vsel(visnan(x), x, vxor(r, sign));
 }

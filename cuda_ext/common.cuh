@@ -13,9 +13,13 @@ struct bf16 { unsigned short bits; };
 
 __device__ __forceinline__ float to_float(float v) { return v; }
 __device__ __forceinline__ float to_float(f16 v) {
+#ifdef TOPS_HOST_EMULATION  // tests/test_cuda.py runs these kernels on the CPU (F16C)
+    return _cvtsh_ss(v.bits);
+#else
     float f;
     asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(v.bits));
     return f;
+#endif
 }
 __device__ __forceinline__ float to_float(bf16 v) {
     return __uint_as_float(static_cast<unsigned int>(v.bits) << 16);
@@ -25,7 +29,11 @@ template <typename T> __device__ __forceinline__ T from_float(float f);
 template <> __device__ __forceinline__ float from_float<float>(float f) { return f; }
 template <> __device__ __forceinline__ f16 from_float<f16>(float f) {
     f16 r;
+#ifdef TOPS_HOST_EMULATION
+    r.bits = _cvtss_sh(f, 0);  // 0: round to nearest even, as cvt.rn
+#else
     asm("cvt.rn.f16.f32 %0, %1;" : "=h"(r.bits) : "f"(f));
+#endif
     return r;
 }
 // Round-to-nearest-even by bit arithmetic: works on every arch (cvt.rn.bf16.f32 needs sm_80).
@@ -47,6 +55,9 @@ struct alignas(sizeof(T) * N) AVec { T v[N]; };
 
 template <typename T, int N>
 __device__ __forceinline__ void load_f(const T* __restrict__ p, float* out) {
+#ifdef TOPS_EMU_CHECK_ALIGN
+    TOPS_EMU_CHECK_ALIGN(p, alignof(AVec<T, N>));
+#endif
     AVec<T, N> a = *reinterpret_cast<const AVec<T, N>*>(p);
 #pragma unroll
     for (int j = 0; j < N; ++j) out[j] = to_float(a.v[j]);
@@ -54,6 +65,9 @@ __device__ __forceinline__ void load_f(const T* __restrict__ p, float* out) {
 
 template <typename T, int N>
 __device__ __forceinline__ void store_f(T* __restrict__ p, const float* in) {
+#ifdef TOPS_EMU_CHECK_ALIGN
+    TOPS_EMU_CHECK_ALIGN(p, alignof(AVec<T, N>));
+#endif
     AVec<T, N> a;
 #pragma unroll
     for (int j = 0; j < N; ++j) a.v[j] = from_float<T>(in[j]);

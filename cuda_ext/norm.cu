@@ -12,7 +12,8 @@ __device__ __forceinline__ void rms_row(const T* __restrict__ x, const T* __rest
     const int nvec = n / V;
     // The scalar (unaligned / odd width) path streams: caching it costs registers that
     // would lower the occupancy of the vector path, which shares the kernel.
-    if constexpr (V > 1) if (nvec <= NV * g.nthreads) {
+    const bool cached = V > 1 && nvec <= NV * g.nthreads;  // folds to false for V == 1
+    if (cached) {
         float v[NV][V];
         float ss = 0.0f;
 #pragma unroll
@@ -67,7 +68,8 @@ __device__ __forceinline__ void layer_row(const T* __restrict__ x, const T* __re
     const float inv_n = 1.0f / (float)n;
     // The scalar (unaligned / odd width) path streams: caching it costs registers that
     // would lower the occupancy of the vector path, which shares the kernel.
-    if constexpr (V > 1) if (nvec <= NV * g.nthreads) {
+    const bool cached = V > 1 && nvec <= NV * g.nthreads;  // folds to false for V == 1
+    if (cached) {
         float v[NV][V];
         float s = 0.0f;
 #pragma unroll
@@ -158,12 +160,12 @@ __device__ __forceinline__ void layer_norm_kernel(const T* x, const T* w, const 
 }  // namespace tops
 
 #define TOPS_NORM(T, S)                                                                        \
-    extern "C" __global__ void __launch_bounds__(512) rms_norm_##S(const T* __restrict__ x, const T* __restrict__ w,  \
+    extern "C" __global__ void __launch_bounds__(512, 2) rms_norm_##S(const T* __restrict__ x, const T* __restrict__ w,  \
                                             T* __restrict__ y, long long rows, int n,          \
                                             float eps, int vec) {                              \
         tops::rms_norm_kernel<T>(x, w, y, rows, n, eps, vec);                                  \
     }                                                                                          \
-    extern "C" __global__ void __launch_bounds__(512) layer_norm_##S(const T* __restrict__ x, const T* __restrict__ w,\
+    extern "C" __global__ void __launch_bounds__(512, 2) layer_norm_##S(const T* __restrict__ x, const T* __restrict__ w,\
                                               const T* __restrict__ b, T* __restrict__ y,      \
                                               long long rows, int n, float eps, int vec) {     \
         tops::layer_norm_kernel<T>(x, w, b, y, rows, n, eps, vec);                             \

@@ -11,7 +11,8 @@ __device__ __forceinline__ void softmax_row(const T* __restrict__ x, T* __restri
     const float NEG_INF = __int_as_float(0xff800000);
     // The scalar (unaligned / odd width) path streams: caching it costs registers that
     // would lower the occupancy of the vector path, which shares the kernel.
-    if constexpr (V > 1) if (nvec <= NV * g.nthreads) {
+    const bool cached = V > 1 && nvec <= NV * g.nthreads;  // folds to false for V == 1
+    if (cached) {
         float v[NV][V];
         float m = NEG_INF;
 #pragma unroll
@@ -80,7 +81,7 @@ __device__ __forceinline__ void softmax_kernel(const T* x, T* y, long long rows,
 }  // namespace tops
 
 #define TOPS_SOFTMAX(T, S)                                                                     \
-    extern "C" __global__ void __launch_bounds__(512) softmax_##S(const T* __restrict__ x, T* __restrict__ y,         \
+    extern "C" __global__ void __launch_bounds__(512, 2) softmax_##S(const T* __restrict__ x, T* __restrict__ y,         \
                                            long long rows, int n, int vec) {                   \
         tops::softmax_kernel<T>(x, y, rows, n, vec);                                           \
     }

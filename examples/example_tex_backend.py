@@ -26,6 +26,11 @@ def _np(t: torch.Tensor) -> np.ndarray:
     return t.detach().contiguous().numpy()
 
 
+# TE_BACKEND names a *tex* backend ("acme"); the facade calls below state their own order so a
+# tex-level selection never leaks into them.
+_ORDER = "default,reference"
+
+
 def _back(a: np.ndarray, dtype: torch.dtype) -> torch.Tensor:
     return torch.from_numpy(a).to(dtype)
 
@@ -41,7 +46,7 @@ class AcmeBackend(TEXBackendBase):
     def rmsnorm_fwd(self, input, weight, eps, ln_out, quantizer, otype, sm_margin, zero_centered_gamma):
         x = _np(input.reshape(-1, input.shape[-1]))
         w = _np(weight).astype(x.dtype) + (1 if zero_centered_gamma else 0)
-        y = tensor_ops.rms_norm(x, w, eps)
+        y = tensor_ops.rms_norm(x, w, eps, backend=_ORDER)
         x32 = x.astype(np.float32)
         rsigma = torch.from_numpy(1.0 / np.sqrt((x32 * x32).mean(-1) + np.float32(eps)))
         out = _back(y, otype).reshape(input.shape)
@@ -51,16 +56,16 @@ class AcmeBackend(TEXBackendBase):
         return [out, None, rsigma.float()]
 
     def gelu(self, input, quantizer):
-        return _back(tensor_ops.gelu(_np(input), approximate="tanh"), input.dtype)
+        return _back(tensor_ops.gelu(_np(input), approximate="tanh", backend=_ORDER), input.dtype)
 
     def silu(self, input, quantizer):
-        return _back(tensor_ops.silu(_np(input)), input.dtype)
+        return _back(tensor_ops.silu(_np(input), backend=_ORDER), input.dtype)
 
     def swiglu(self, input, quantizer):
-        return _back(tensor_ops.swiglu(_np(input)), input.dtype)
+        return _back(tensor_ops.swiglu(_np(input), backend=_ORDER), input.dtype)
 
     def scaled_softmax_forward(self, input, scale):
-        return _back(tensor_ops.softmax(_np(input) * np.float32(scale)), input.dtype)
+        return _back(tensor_ops.softmax(_np(input) * np.float32(scale), backend=_ORDER), input.dtype)
 
 
 def register(registry) -> None:

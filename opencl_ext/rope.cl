@@ -4,8 +4,8 @@
  * Non-interleaved, h = n/2: y[i] = x[i] c[i] - x[i+h] s[i]; y[i+h] = x[i+h] c[i+h] + x[i] s[i+h].
  * Interleaved: y[2i] = x[2i] c[2i] - x[2i+1] s[2i]; y[2i+1] = x[2i+1] c[2i+1] + x[2i] s[2i+1]. */
 
-KERNEL void KN(rope)(__global const T *x, __global const float *cs, __global const float *sn,
-                     __global T *y, const int n, const int npos)
+KERNEL void KN(rope)(__global const T *restrict x, __global const float *cs,
+                     __global const float *sn, __global T *y, const int n, const int npos)
 {
     const long row = get_global_id(1);
     const long pos = row % npos;
@@ -26,9 +26,10 @@ KERNEL void KN(rope)(__global const T *x, __global const float *cs, __global con
         ST1(a * c[t] - b * s[t], t, yr);
         ST1(b * c[t + h] + a * s[t + h], t + h, yr);
     }
+    NT_FENCE();
 }
 
-KERNEL void KN(rope_interleaved)(__global const T *x, __global const float *cs,
+KERNEL void KN(rope_interleaved)(__global const T *restrict x, __global const float *cs,
                                  __global const float *sn, __global T *y, const int n,
                                  const int npos)
 {
@@ -51,4 +52,5 @@ KERNEL void KN(rope_interleaved)(__global const T *x, __global const float *cs,
         ST1(a * c[t] - b * s[t], t, yr);
         ST1(b * c[t + 1] + a * s[t + 1], t + 1, yr);
     }
+    NT_FENCE();
 }

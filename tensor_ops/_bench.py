@@ -8,7 +8,8 @@ Three steps, each a plain function returning plain data (JSON-ready):
 - :func:`copy_bandwidth`: a memory copy split over 2 threads (NumPy releases the GIL), the
   roofline every op is compared with.
 - :func:`benchmark`: op × impl × dtype × a ladder of sizes up to a working set of at least
-  4× the last-level cache; warm-up, then the median of repeats. Bytes moved = read + write of
+  4× the last-level cache; warm-up, then the median of repeats, the impls of one size timed
+  interleaved (one call each per round) so load bursts hit them alike. Bytes moved = read + write of
   the big tensors (x, out, and for rope the cos/sin tables); the op gets ``out=`` so page
   faults of a fresh allocation are not timed. Torch eager rows are added where torch imports.
 """
@@ -57,6 +58,22 @@ def llc_bytes() -> tuple[int, str]:
     if best[1]:
         return best[1], f"{base} (L{best[0]})"
     return 32 << 20, "assumed (no cache information found)"
+
+
+def cpu_pressure() -> Optional[float]:
+    """Linux PSI: % of the last 10 s in which some task waited for a CPU (None if unknown).
+
+    High values mean other processes compete for the cores; multi-threaded backends (OpenMP,
+    PoCL, torch) then lose whole time slices at every barrier and their timings are not the
+    machine's."""
+    try:
+        with open("/proc/pressure/cpu") as fh:
+            for line in fh:
+                if line.startswith("some"):
+                    return float(line.split("avg10=")[1].split()[0])
+    except (OSError, IndexError, ValueError):
+        pass
+    return None
 
 
 def row_ladder(dtype: str, llc: int, quick: bool) -> list[int]:
@@ -375,6 +392,8 @@ def time_call(fn: Callable[[], object], budget_s: float, min_reps: int = 5, max_
     if first < budget_s / 50:                 # tiny calls: a few more warm-ups settle caches/JIT
         for _ in range(3):
             fn()
+    elif first > budget_s:                    # slow calls (NumPy fp16 at 64 MiB): median of 3
+        min_reps = min(min_reps, 3)
     samples: list[float] = []
     start = time.perf_counter()
     while len(samples) < max_reps:
@@ -474,12 +493,18 @@ class BenchPlan:
         for op in self.ops:
             k = sum(1 for i in self.impls if i.op == op) + (1 if self.torch else 0)
             for dt in self.dtypes:
-                n += k * len(self.matmul_sides if op == "matmul" else self.ladder[dt])
+                sizes = self.matmul_sides if op == "matmul" else self.ladder[dt]
+                if op == "matmul" and dt == "float16":
+                    sizes = [s for s in sizes if s <= 256]
+                n += k * len(sizes)
         return n
 
 
 def benchmark(plan: BenchPlan, progress: Optional[Callable] = None) -> dict:
-    """Time every (op, dtype, size, impl) of ``plan``; returns ``{"copy": [...], "results": [...]}``."""
+    """Time every (op, dtype, size, impl) of ``plan``; returns ``{"copy": [...], "results": [...]}``.
+
+    The impls of one (op, dtype, size) are timed interleaved (one call of each per round), so
+    a burst of load from other processes hits them alike and the ranking stays fair."""
     copies: dict = {}
     results: list = []
     with host_copies_allowed():
@@ -495,39 +520,79 @@ def benchmark(plan: BenchPlan, progress: Optional[Callable] = None) -> dict:
                     if key not in copies:
                         copies[key] = copy_bandwidth(key, plan.budget_s)
                     copy = copies[key]["gbps"]
-                    for ir in impls:
-                        results.append(_time_impl(case, ir, rows, copy, plan.budget_s))
-                        if progress:
-                            progress(1, f"{op} {dt} {case.shape_label} {ir.backend}")
+                    entries = [_prepare(case, ir) for ir in impls]
                     if plan.torch:
                         fn = _torch_fn(case)
                         if fn is not None:
-                            try:
-                                t, reps, best = time_call(fn, plan.budget_s)
-                                results.append(_row(case, rows, "torch", "torch (eager)", "reference row", "",
-                                                    t, reps, copy, best))
-                            except Exception as exc:  # e.g. an fp16 kernel torch lacks on CPU
-                                results.append(_row(case, rows, "torch", "torch (eager)", "reference row",
-                                                    f"{type(exc).__name__}: {exc}", None, 0, copy))
-                        if progress:
-                            progress(1, f"{op} {dt} {case.shape_label} torch")
+                            entries.append(("torch", "torch (eager)", "reference row", fn, ""))
+                    live = [e for e in entries if not e[4]]
+                    timed = time_interleaved([e[3] for e in live], plan.budget_s) if live else []
+                    got = {id(e): t for e, t in zip(live, timed)}
+                    for e in entries:
+                        t = got.get(id(e))
+                        err = e[4] or (t[3] if t else "")
+                        results.append(_row(case, rows, e[0], e[1], e[2], err,
+                                            None if (err or not t) else t[0], t[1] if t else 0, copy,
+                                            None if (err or not t) else t[2]))
+                    if progress:
+                        progress(len(entries), f"{op} {dt} {case.shape_label}")
     _speedups(results)
     return {"copy": sorted(copies.values(), key=lambda c: c["nbytes"]), "results": results}
 
 
-def _time_impl(case: Case, ir: ImplRef, rows: int, copy: float, budget: float) -> dict:
+def _prepare(case: Case, ir: ImplRef) -> tuple:
+    """(backend, impl_id, token, fn, error): check once that ``ir`` serves ``case``."""
     token = f"impl:{ir.impl_id}"
     out = np.empty(case.out_shape, case.dtype)
     try:
-        y, served = run_forced(case, ir.impl_id, out)
-        if ir.impl_id not in served:
-            return _row(case, rows, ir.backend, ir.impl_id, ir.token,
-                        f"declined (served by {sorted(served)})", None, 0, copy)
-        t, reps, best = time_call(lambda: case.run(token, out), budget)
+        _, served = run_forced(case, ir.impl_id, out)
     except Exception as exc:  # a failure is a result, not the end of the run
-        return _row(case, rows, ir.backend, ir.impl_id, ir.token, f"{type(exc).__name__}: {str(exc)[:200]}",
-                    None, 0, copy)
-    return _row(case, rows, ir.backend, ir.impl_id, ir.token, "", t, reps, copy, best)
+        return ir.backend, ir.impl_id, ir.token, None, f"{type(exc).__name__}: {str(exc)[:200]}"
+    if ir.impl_id not in served:
+        return ir.backend, ir.impl_id, ir.token, None, f"declined (served by {sorted(served)})"
+    return ir.backend, ir.impl_id, ir.token, (lambda: case.run(token, out)), ""
+
+
+def time_interleaved(fns: list, budget_s: float, min_reps: int = 5, max_reps: int = 500) -> list:
+    """[(median s, repeats, best s, error)] per fn: warm-ups, then rounds calling each fn once,
+    until ``min_reps`` rounds and ``budget_s`` per fn have passed."""
+    n = len(fns)
+    errors = [""] * n
+    samples: list = [[] for _ in fns]
+    firsts = []
+    for i, fn in enumerate(fns):
+        t0 = time.perf_counter()
+        try:
+            fn()
+        except Exception as exc:  # e.g. an fp16 kernel torch lacks on CPU
+            errors[i] = f"{type(exc).__name__}: {str(exc)[:200]}"
+        firsts.append(time.perf_counter() - t0)
+        if not errors[i] and firsts[-1] < budget_s / 50:    # tiny calls: settle caches/JIT
+            for _ in range(3):
+                fn()
+    if max(firsts, default=0) > budget_s:                     # slow calls: median of 3
+        min_reps = min(min_reps, 3)
+    start = time.perf_counter()
+    rounds = 0
+    while rounds < max_reps:
+        for i, fn in enumerate(fns):
+            if errors[i]:
+                continue
+            t = time.perf_counter()
+            try:
+                fn()
+            except Exception as exc:
+                errors[i] = f"{type(exc).__name__}: {str(exc)[:200]}"
+                continue
+            samples[i].append(time.perf_counter() - t)
+        rounds += 1
+        spent = time.perf_counter() - start
+        if rounds >= min_reps and spent >= budget_s * n:
+            break
+        if rounds >= 3 and spent >= 10 * budget_s * n:
+            break
+    return [(float(np.median(s)) if s else None, len(s), float(min(s)) if s else None, errors[i])
+            for i, s in enumerate(samples)]
 
 
 def _row(case, rows, backend, impl_id, token, error, t, reps, copy, best=None) -> dict:

@@ -17,19 +17,21 @@ from . import _bench, _global, _tune
 DEFAULT_DIR = Path("bench_results")
 
 
-def add_arguments(p) -> None:
-    """Options shared by ``python -m tensor_ops bench`` and ``detect_and_benchmark.py``."""
+def add_arguments(p, write_flag: bool = True) -> None:
+    """Options shared by ``python -m tensor_ops bench`` and ``detect_and_benchmark.py``
+    (which writes by default and has ``--no-write`` instead of ``--write``)."""
     p.add_argument("--quick", action="store_true", help="a few sizes and short timings (CI; < 1 minute)")
     p.add_argument("--ops", help=f"comma list of ops (default: all): {','.join(_bench.BENCH_OPS)}")
     p.add_argument("--backends", help="comma list of backends/vendors to time besides the NumPy reference")
     p.add_argument("--dtypes", default=",".join(_bench.DTYPES), help="comma list: float32,float16 (default both)")
     p.add_argument("--sizes", help="comma list of row counts of (rows, 4096) (matmul: square sides), "
                                    "e.g. 1,64,4096; default: a ladder up to 4x the last-level cache")
-    p.add_argument("--budget", type=float, default=None, help="seconds of repeats per point (default 0.15; quick 0.03)")
+    p.add_argument("--budget", type=float, default=None, help="seconds of repeats per point (default 0.1; quick 0.03)")
     p.add_argument("--no-torch", action="store_true", help="leave out the torch eager reference rows")
     p.add_argument("--json", dest="json_path", help="raw figures (default bench_results/bench.json)")
     p.add_argument("--plot", dest="plot_path", help="PNG plot (default next to the JSON, same stem)")
-    p.add_argument("--write", action="store_true", help="write the tuning table into backend.json")
+    if write_flag:
+        p.add_argument("--write", action="store_true", help="write the tuning table into backend.json")
 
 
 def _csv(v: Optional[str]) -> list:
@@ -93,8 +95,10 @@ def check_args(args) -> Optional[str]:
     return None
 
 
-def pipeline(args, console, detected: Optional[dict] = None, write: bool = False, source: str = "") -> dict:
-    """Validate → benchmark → tune (→ write) → report. Returns the JSON payload."""
+def pipeline(args, console, detected: Optional[dict] = None, write: bool = False, source: str = "",
+             strict: bool = False) -> dict:
+    """Validate → benchmark → tune (→ write) → report. Returns the JSON payload; with
+    ``strict``, a validation failure stops right after validation (``payload["aborted"]``)."""
     t_start = time.perf_counter()
     ops = _csv(args.ops) or list(_bench.BENCH_OPS)
     dtypes = _csv(args.dtypes) or list(_bench.DTYPES)
@@ -103,8 +107,9 @@ def pipeline(args, console, detected: Optional[dict] = None, write: bool = False
     sizes = sorted({int(s) for s in _csv(args.sizes)})
     ladder = {dt: sizes or _bench.row_ladder(dt, llc, args.quick) for dt in dtypes}
     sides = sizes or list(_bench.MATMUL_SIDES["quick" if args.quick else "full"])
-    budget = args.budget if args.budget is not None else (0.03 if args.quick else 0.15)
+    budget = args.budget if args.budget is not None else (0.03 if args.quick else 0.1)
     load0 = os.getloadavg()
+    psi0 = _bench.cpu_pressure()
 
     impls = _bench.facade_impls(ops, backends)
     for ir in impls:
@@ -120,6 +125,12 @@ def pipeline(args, console, detected: Optional[dict] = None, write: bool = False
     for op, d in sorted(excluded.items()):
         for iid, why in d.items():
             say(console, f"  EXCLUDED {iid} from {op}: {why}")
+    if strict and excluded:
+        payload = {"aborted": "--strict: a backend failed validation; nothing benchmarked or written",
+                   "detected": detected, "validation": validation, "results": [], "copy": []}
+        save_json(payload, args)
+        say(console, payload["aborted"])
+        return payload
     ok_impls = [i for i in live if i.impl_id not in excluded.get(i.op, {})]
     say(console, f"validated {len(live)} impls x {len(dtypes)} dtypes in {t_val:.1f}s; "
                  f"{sum(len(d) for d in excluded.values())} (impl, op) pairs excluded")
@@ -133,13 +144,21 @@ def pipeline(args, console, detected: Optional[dict] = None, write: bool = False
     dram = max((c for c in figures["copy"]), key=lambda c: c["nbytes"], default=None)
     copy_gbps = dram["gbps_2t"] if dram else None
 
-    tuning = _tune.build_tuning(figures["results"], validation, copy_gbps, source or "python -m tensor_ops bench",
-                                detected)
+    psi1 = _bench.cpu_pressure()
+    busy = max((p for p in (psi0, psi1) if p is not None), default=None)
+    note = ""
+    if busy is not None and busy > 20:
+        note = (f"machine busy while measuring (CPU pressure {busy:.0f}%, load average {load0[0]:.1f}): "
+                f"multi-threaded backends lose time slices; rerun on an idle machine for a stable table")
+        say(console, "WARNING: " + note)
+    tuning = _tune.build_tuning(figures["results"], validation, copy_gbps,
+                                (source or "python -m tensor_ops bench") + (f"; {note}" if note else ""), detected)
     payload = {"created": tuning["created"], "fingerprint": tuning["fingerprint"], "llc_bytes": llc,
                "llc_source": llc_src, "copy_gbps_2thread_dram": copy_gbps,
                "copy_note": "copy per size: best of 1 thread and 2 threads; the DRAM roofline is the 2-thread copy "
                             "at the largest size",
-               "loadavg_start": load0, "loadavg_end": os.getloadavg(), "budget_s": budget,
+               "loadavg_start": load0, "loadavg_end": os.getloadavg(), "cpu_pressure_pct": [psi0, psi1],
+               "busy_note": note or None, "budget_s": budget,
                "ladder": ladder, "matmul_sides": sides, "detected": detected, "validation": validation,
                "copy": figures["copy"], "results": figures["results"], "tuning": tuning}
     if write:
@@ -221,16 +240,26 @@ def report(payload: dict, console) -> None:
         say(console, f"  {s['op']:<11} {at}   [{s['at'][-1]['source']}]")
 
 
-def _save(payload: dict, args, console) -> None:
+def _paths(args) -> tuple[Path, Path]:
     jpath = Path(args.json_path) if args.json_path else DEFAULT_DIR / "bench.json"
-    ppath = Path(args.plot_path) if args.plot_path else jpath.with_suffix(".png")
+    return jpath, (Path(args.plot_path) if args.plot_path else jpath.with_suffix(".png"))
+
+
+def save_json(payload: dict, args) -> Path:
+    jpath, _ = _paths(args)
     jpath.parent.mkdir(parents=True, exist_ok=True)
+    jpath.write_text(json.dumps(payload, indent=1, default=str) + "\n", encoding="utf-8")
+    return jpath
+
+
+def _save(payload: dict, args, console) -> None:
+    jpath, ppath = _paths(args)
     payload["plot"] = str(ppath)
     try:
         plot(payload, ppath)
     except ImportError as exc:
         payload["plot"] = f"not drawn: {exc} (pip install matplotlib)"
-    jpath.write_text(json.dumps(payload, indent=1, default=str) + "\n", encoding="utf-8")
+    save_json(payload, args)
     say(console, f"raw figures: {jpath}   plot: {payload['plot']}")
 
 

@@ -1,9 +1,11 @@
 """Turn benchmark figures into backend.json's ``tuning`` table and merge it into the file.
 
-Per op and dtype, each measured size gets the order of the impls that passed validation,
-fastest first (a backend within 5 % of a faster one keeps its default-order rank, so noise
-does not flip the order); neighbouring sizes with the same order merge into one bucket whose
-``max_bytes`` is the geometric middle between the last size in it and the next one. Sizes are
+Per op and dtype, each measured size ranks the impls that passed validation by median time
+(a backend within 5 % of a faster one keeps its default-order rank); neighbouring sizes with
+the same fastest impl merge into one bucket (a lone size whose winner beats both agreeing
+neighbours' by less than 25 % counts as noise) whose ``max_bytes`` is the geometric middle
+between the last size in it and the next one; the rest of a bucket's order follows the
+geometric mean of each impl's time over the best. Sizes are
 the resolver's ``nbytes`` (``x.nbytes``; for matmul ``a.nbytes + b.nbytes``). The NumPy
 reference always ends an order; impls excluded by validation never appear, and each bucket's
 ``why`` says what was measured and what was left out.
@@ -24,6 +26,7 @@ from . import _config, _global
 from ._policy import machine_fingerprint
 
 TIE = 1.05
+NOISE = 1.25
 _RANK = {"cuda": 0, "opencl": 1, "cpp": 2, "numpy": 9}
 USER_KEYS = ("priority", "force", "strict", "per_op", "disabled", "allow_vendors", "deny_vendors")
 
@@ -34,9 +37,15 @@ def fingerprint(detected: Optional[dict] = None) -> dict:
     d = detected or {}
     cu = d.get("cuda") or {}
     fp["cuda_devices"] = [f"{x.get('name')} (cc {x.get('cc')})" for x in cu.get("devices", [])] if cu.get("available") else []
-    for k in ("driver_version", "runtime_version"):
-        if cu.get(k):
-            fp[f"cuda_{k}"] = cu[k]
+    try:   # driver/runtime versions come from the CUDA backend, only when it is available
+        mod = _global.builtins().get("cuda")
+        if mod is not None and not isinstance(mod, str) and mod.availability()[0]:
+            ci = mod.info()
+            for k in ("driver_version", "runtime_version"):
+                if ci.get(k) is not None:
+                    fp[f"cuda_{k}"] = ci[k]
+    except Exception:  # the fingerprint must never fail the run
+        pass
     cl = d.get("opencl") or {}
     fp["opencl_devices"] = [f"{x.get('device')} [{x.get('platform')}] driver {x.get('driver')}"
                             for x in cl.get("devices", [])] if cl.get("available") else []
@@ -106,29 +115,44 @@ def _buckets(op: str, dt: str, rows: list, excluded: dict) -> list:
     sizes = sorted(by_size)
     if not sizes:
         return []
-    per = []
-    for nb in sizes:
-        ranked = rank(by_size[nb])
-        order = [r["token"] for r in ranked]
-        if "numpy" not in order:
-            order.append("numpy")
-        per.append((nb, order, ranked))
-    merged: list = []                       # [first nb, last nb, order, [ranked rows]]
-    for nb, order, ranked in per:
-        if merged and merged[-1][2] == order:
-            merged[-1][1] = nb
-            merged[-1][3].append(ranked)
+    ranked = [rank(by_size[nb]) for nb in sizes]
+    win = [rk[0]["token"] for rk in ranked]
+    # One size whose winner differs from both neighbours, which agree and are within NOISE of it
+    # there, is noise (a busy machine), not a crossover.
+    for i in range(1, len(sizes) - 1):
+        if win[i - 1] == win[i + 1] != win[i]:
+            alt = next((r["median_s"] for r in ranked[i] if r["token"] == win[i - 1]), None)
+            if alt is not None and alt <= NOISE * ranked[i][0]["median_s"]:
+                win[i] = win[i - 1]
+    groups: list = []                      # [winner, [indexes]]
+    for i, w in enumerate(win):
+        if groups and groups[-1][0] == w:
+            groups[-1][1].append(i)
         else:
-            merged.append([nb, nb, order, [ranked]])
+            groups.append([w, [i]])
     out = []
     prev = -1
-    for i, (lo, hi, order, rankeds) in enumerate(merged):
-        last = i == len(merged) - 1
-        mb = None if last else max(prev + 1, int(math.sqrt(hi * merged[i + 1][0])))
+    for g, (w, idx) in enumerate(groups):
+        order = [w] + _rest_order(w, [ranked[i] for i in idx])
+        if "numpy" not in order:
+            order.append("numpy")
+        last = g == len(groups) - 1
+        mb = None if last else max(prev + 1, int(math.sqrt(sizes[idx[-1]] * sizes[groups[g + 1][1][0]])))
         prev = mb if mb is not None else prev
-        why = _why(lo, hi, rankeds, excluded)
-        out.append({"max_bytes": mb, "order": order, "why": why})
+        out.append({"max_bytes": mb, "order": order,
+                    "why": _why(sizes[idx[0]], sizes[idx[-1]], [ranked[i] for i in idx], excluded)})
     return out
+
+
+def _rest_order(winner: str, rankeds: list) -> list:
+    """The other impls of a bucket by the geometric mean of their time over the best time."""
+    score: dict = {}
+    for rk in rankeds:
+        best = rk[0]["median_s"]
+        for r in rk:
+            score.setdefault(r["token"], []).append(math.log(r["median_s"] / best))
+    toks = [t for t in score if t != winner]
+    return sorted(toks, key=lambda t: (sum(score[t]) / len(score[t]), _rank(t)))
 
 
 def _why(lo: int, hi: int, rankeds: list, excluded: dict) -> str:

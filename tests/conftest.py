@@ -56,3 +56,10 @@ def backend_impl(op: str, backend: str):
     if not ok:
         pytest.skip(f"{backend} unavailable: {reason}")
     return impl
+
+
+def pytest_addoption(parser):
+    """``--fuzz-long``: tests/test_fuzz.py runs 25,000 fresh random examples instead of CI's
+    2,000 derandomized ones."""
+    parser.addoption("--fuzz-long", action="store_true", default=False,
+                     help="run the differential fuzzer long (25,000 random examples)")

@@ -29,10 +29,11 @@ def _check(fwd, bwd, x, ref_fn, scale, backend):
 @pytest.mark.parametrize("backend", T.backends_for("scaled_softmax_forward"))
 @pytest.mark.parametrize("dtype", DT)
 @pytest.mark.parametrize("shape", [(1, 1, 1, 7), (2, 3, 5, 33), (1, 2, 4, 128)], ids=str)
-def test_scaled_softmax(backend, dtype, shape):
+@pytest.mark.parametrize("scale", [0.7, 1.0])
+def test_scaled_softmax(backend, dtype, shape, scale):
     x = T.rand(shape, dtype, seed=1, scale=3)
     _check(tex.scaled_softmax_forward, tex.scaled_softmax_backward, x,
-           lambda v: torch.softmax(v * 0.7, -1), 0.7, backend)
+           lambda v: torch.softmax(v * scale, -1), scale, backend)
 
 
 @pytest.mark.parametrize("backend", T.backends_for("scaled_masked_softmax_forward"))

@@ -214,6 +214,5 @@ class BuildExt(build_ext):
             "compiler": " ".join(compiler[:1]),
             "flags": {"common": common + omp_c, **{n: variants[n][1] for n in built}},
             "sanitize": os.environ.get("TENSOR_OPS_CPP_SANITIZE") == "1",
-            "module": self.get_ext_fullpath(ext.name),
         })
         _say(f"built {EXT_NAME} with variants {built}, OpenMP {'on' if has_omp else 'off'}")

@@ -209,7 +209,10 @@ def build_fatbin(output: Path = DEFAULT_FATBIN, archs: list[int] | None = None,
         f"{len(archs)} SASS archs + PTX compute_{ptx}) in {seconds:.1f}s")
     # Sidecar read by the runtime (tensor_ops/backends/cuda.py): archs and the source hash
     # tell it whether the fatbin can serve this GPU or is stale.
-    _load_record().atomic_write_json(Path(str(output) + ".json"), info)
+    sidecar = Path(str(output) + ".json")
+    _load_record().atomic_write_json(sidecar, info)
+    os.chmod(sidecar, 0o644)  # mkstemp made it 0600; an installed package must be readable
+    os.chmod(output, 0o644)
     if record:
         path = _load_record().update_section("built", "cuda", info)
         log(f"build_cuda: recorded built.cuda in {path}")
@@ -269,7 +272,8 @@ def check_fatbin(path: Path = DEFAULT_FATBIN, expected_archs: list[str] | None =
         problems.append("no PTX image (forward compatibility)")
     if problems:
         raise CudaBuildError(f"{path}: " + "; ".join(problems))
-    return {"archs": sorted(symbols), "ptx": contents["ptx"], "kernels": len(want)}
+    archs = sorted(symbols, key=lambda a: (int(re.sub(r"\D", "", a) or 0), a))
+    return {"archs": archs, "ptx": contents["ptx"], "kernels": len(want)}
 
 
 class BuildCuda(Command):

@@ -9,8 +9,8 @@ says so.
 CuPy arrays and torch CUDA tensors are computed in place on their device with no copy (raw
 device pointers, on the caller's current stream: CuPy's current stream for CuPy arrays,
 ``torch.cuda.current_stream()`` for torch tensors); the result is the same kind. NumPy
-input is taken only for ops whose host-copy threshold was set with
-:func:`set_host_copy_policy` (the configuration's tuning decides), never by default.
+input is copied to the GPU only when an order names cuda (:data:`HOST_ARRAYS`; e.g. a
+tuning bucket where the copies were measured to pay), never by default.
 
 Importing this module imports neither cupy nor torch; ``availability()`` does, once.
 """
@@ -43,12 +43,17 @@ _FAULT: str | None = None
 #: {op: minimum x.nbytes} for which NumPy input is copied to the GPU and back. Empty by
 #: default (host arrays stay on the host backends); set from the tuned configuration.
 _HOST_COPY_MIN_BYTES: dict[str, int] = {}
+# NumPy input is copied to the GPU only when an order names cuda (keyword, env, per_op,
+# priority, or a tuning bucket where detect_and_benchmark measured that the copies pay).
+HOST_ARRAYS = "when-named"
 
 _LOCK = threading.RLock()
 _AVAIL: tuple[bool, str] | None = None
 _MODULE = None
 _MODULE_INFO: dict = {"source": None, "fatbin": str(FATBIN_PATH), "nvrtc_reason": None}
 _SM_COUNT: dict[int, int] = {}
+_KERNELS: dict = {}      # (device, kernel name) -> CuPy kernel
+_EXT_STREAMS: dict = {}  # (device, torch stream handle) -> cupy.cuda.ExternalStream
 
 _SUFFIX = {"float32": "f32", "float16": "f16", "bfloat16": "bf16"}
 _ITEMSIZE = {"float32": 4, "float16": 2, "bfloat16": 2, "float64": 8}
@@ -99,8 +104,8 @@ def inject_fault(kind: str | None):
 
 
 def set_host_copy_policy(op: str, min_bytes: int | None) -> None:
-    """Let ``op`` take NumPy input of at least ``min_bytes`` (copied to the GPU and back);
-    ``None`` removes it. The configuration loader calls this from backend.json tuning."""
+    """Keep NumPy input of ``op`` smaller than ``min_bytes`` off the GPU even where an order
+    names cuda; ``None`` removes the threshold (tests and tuning experiments use it)."""
     if op not in OPS:
         raise ValueError(f"set_host_copy_policy: unknown op {op!r}; choose from {sorted(OPS)}")
     if min_bytes is None:
@@ -196,10 +201,14 @@ def _load_module():
         return mod
 
 
-def _kernel(name: str):
+def _kernel(name: str, dev: int = 0):
+    """The kernel ``name`` for device ``dev`` (the caller has made it current); cached."""
     if _FAULT == "launch":
         raise _fail(f"injected launch failure for {name} (tensor_ops.backends.cuda._FAULT='launch')")
-    return _load_module().get_function(name)
+    k = _KERNELS.get((dev, name))
+    if k is None:
+        k = _KERNELS[(dev, name)] = _load_module().get_function(name)
+    return k
 
 
 # ----------------------------------------------------------------------------- availability
@@ -221,6 +230,7 @@ def _reset_for_tests() -> None:
     global _AVAIL, _MODULE
     with _LOCK:
         _AVAIL, _MODULE = None, None
+        _KERNELS.clear()
         _MODULE_INFO.update(source=None, nvrtc_reason=None)
 
 
@@ -326,8 +336,11 @@ class _Call:
         with cupy.cuda.Device(self.dev):
             if self.kind == "torch":
                 import torch
-                s = torch.cuda.current_stream(self.dev)
-                with cupy.cuda.ExternalStream(s.cuda_stream, self.dev):
+                ptr = torch.cuda.current_stream(self.dev).cuda_stream
+                stream = _EXT_STREAMS.get((self.dev, ptr))
+                if stream is None:  # one wrapper per torch stream: creating it costs µs per call
+                    stream = _EXT_STREAMS[(self.dev, ptr)] = cupy.cuda.ExternalStream(ptr, self.dev)
+                with stream:
                     yield
             else:
                 yield
@@ -419,7 +432,7 @@ def rms_norm(x, weight, eps, out=None):
             return y
         vec = n % (_VEC_BYTES // _ITEMSIZE[c.dtype]) == 0 and _aligned(c.kind, x, weight, y)
         grid, block = _row_launch(rows, n, c.dev)
-        _kernel(f"rms_norm_{_SUFFIX[c.dtype]}")(grid, block, (
+        _kernel(f"rms_norm_{_SUFFIX[c.dtype]}", c.dev)(grid, block, (
             _p(x, c.kind), _p(weight, c.kind), _p(y, c.kind), np.int64(rows), np.int32(n),
             np.float32(eps), np.int32(vec)))
         return y
@@ -441,7 +454,7 @@ def layer_norm(x, weight, bias, eps, out=None):
             return y
         vec = n % (_VEC_BYTES // _ITEMSIZE[c.dtype]) == 0 and _aligned(c.kind, x, weight, bias, y)
         grid, block = _row_launch(rows, n, c.dev)
-        _kernel(f"layer_norm_{_SUFFIX[c.dtype]}")(grid, block, (
+        _kernel(f"layer_norm_{_SUFFIX[c.dtype]}", c.dev)(grid, block, (
             _p(x, c.kind), _p(weight, c.kind), _p(bias, c.kind), _p(y, c.kind), np.int64(rows),
             np.int32(n), np.float32(eps), np.int32(vec)))
         return y
@@ -461,7 +474,7 @@ def softmax(x, out=None):
             return y
         vec = n % (_VEC_BYTES // _ITEMSIZE[c.dtype]) == 0 and _aligned(c.kind, x, y)
         grid, block = _row_launch(rows, n, c.dev)
-        _kernel(f"softmax_{_SUFFIX[c.dtype]}")(grid, block, (
+        _kernel(f"softmax_{_SUFFIX[c.dtype]}", c.dev)(grid, block, (
             _p(x, c.kind), _p(y, c.kind), np.int64(rows), np.int32(n), np.int32(vec)))
         return y
     return _run("softmax", x, (out,), ("out",), body)
@@ -488,7 +501,7 @@ def _unary(op, kname, x, out):
         numel = int(np.prod(x.shape))
         vec = _aligned(c.kind, x, y)
         grid, block = _flat_launch(numel // (_VEC_BYTES // _ITEMSIZE[c.dtype]) if vec else numel, c.dev)
-        _kernel(f"{kname}_{_SUFFIX[c.dtype]}")(grid, block, (
+        _kernel(f"{kname}_{_SUFFIX[c.dtype]}", c.dev)(grid, block, (
             _p(x, c.kind), _p(y, c.kind), np.int64(numel), np.int32(vec)))
         return y
     return _run(op, x, (out,), ("out",), body)
@@ -519,7 +532,7 @@ def _gated(op, kname, x, out):
         v = _VEC_BYTES // _ITEMSIZE[c.dtype]
         vec = h % v == 0 and _aligned(c.kind, x, y)
         grid, block = _rows_cols_launch(rows, h // v if vec else h)
-        _kernel(f"{kname}_{_SUFFIX[c.dtype]}")(grid, block, (
+        _kernel(f"{kname}_{_SUFFIX[c.dtype]}", c.dev)(grid, block, (
             _p(x, c.kind), _p(y, c.kind), np.int64(rows), np.int32(h), np.int32(vec)))
         return y
     return _run(op, x, (out,), ("out",), body)
@@ -560,7 +573,7 @@ def rope(x, cos, sin, interleaved=False, out=None):
             _aligned(c.kind, cos, sin) and all(_ptr(a, c.kind) % (4 * _ITEMSIZE[c.dtype]) == 0 for a in (x, y))
         units = (n // 4 if vec else n // 2) if interleaved else (n // 8 if vec else n // 2)
         grid, block = _rows_cols_launch(rows, units)
-        _kernel(f"rope_{_SUFFIX[c.dtype]}")(grid, block, (
+        _kernel(f"rope_{_SUFFIX[c.dtype]}", c.dev)(grid, block, (
             _p(x, c.kind), _p(cos, c.kind), _p(sin, c.kind), _p(y, c.kind), np.int64(rows),
             np.int32(n), np.int32(t), np.int32(bool(interleaved)), np.int32(vec)))
         return y
@@ -593,8 +606,9 @@ def _supports_for(op: str):
         if k in ("cupy", "torch"):
             return _dtype_name(x, k) in _DEVICE_DTYPES
         if k == "numpy":
-            lim = _HOST_COPY_MIN_BYTES.get(op)
-            return lim is not None and x.nbytes >= lim and x.dtype.name in ("float32", "float16")
+            # The resolver only lets host arrays reach this check when an order names cuda
+            # (HOST_ARRAYS below); a per-op threshold can still keep small copies off the GPU.
+            return x.nbytes >= _HOST_COPY_MIN_BYTES.get(op, 0) and x.dtype.name in ("float32", "float16")
         return False
     supports.__name__ = f"cuda_supports_{op}"
     return supports

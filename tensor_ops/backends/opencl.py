@@ -29,6 +29,9 @@ CACHE_FORMAT = b"TOCLBIN1"  # magic + sha256(payload) + payload
 #: Test hook: ``None`` or one of ``"build"`` (programs fail to compile), ``"device_lost"``
 #: (every enqueue fails as if the device was lost), ``"oom"`` (buffer allocation fails).
 _FAULT: str | None = None
+#: Outputs at least this large use the streaming-store kernels (``_f32n``) on CPU devices:
+#: bigger than the caches, so write-allocating the output lines would only cost bandwidth.
+NT_MIN_BYTES = 8 << 20
 #: Host-array strategy: ``None`` = decided per device ("hostptr" on CPU/unified-memory
 #: devices, "copy" otherwise); the benchmark sets it to compare both.
 _HOST_MODE: str | None = None
@@ -87,7 +90,7 @@ def program_source(family: str) -> str:
     dtype = (d / "dtype.cl").read_text()
     body = (d / f"{family}.cl").read_text()
     parts = [common]
-    for storage in (0, 1, 2):   # _f32a, _f32, _f16 (see dtype.cl)
+    for storage in (0, 1, 2, 3):   # _f32a, _f32, _f16, _f32n (see dtype.cl)
         parts.append(f"\n#undef STORAGE\n#define STORAGE {storage}\n{dtype}\n{body}\n")
     src = "".join(parts)
     if _FAULT == "build":
@@ -242,6 +245,17 @@ def select_device():
     return (cpus or [d for (_, _, d) in devs])[0]
 
 
+_I32, _I64, _F32S = np.int32, np.int64, np.float32
+_ARG_TYPES = {   # kernel name without storage suffix -> pyopencl scalar arg dtypes
+    "rms_norm": [None, None, None, _I32, _F32S],
+    "layer_norm": [None, None, None, None, _I32, _F32S, _I32],
+    "softmax": [None, None, _I32],
+    **{k: [None, None, _I64] for k in ("silu", "relu", "gelu", "gelu_tanh")},
+    **{k: [None, None, _I32] for k in ("swiglu", "geglu", "geglu_tanh")},
+    **{k: [None, None, None, None, _I32, _I32] for k in ("rope", "rope_interleaved")},
+}
+
+
 class _Device:
     """Context, queue, programs, kernels and buffer pool of one device (and context)."""
 
@@ -253,6 +267,7 @@ class _Device:
         self.queue = queue if queue is not None else cl.CommandQueue(self.ctx)
         self.lws = local_size(device)
         self.fp16_ext = "cl_khr_fp16" in device.extensions
+        self.cpu = _is_cpu(device)
         unified = bool(device.type & cl.device_type.CPU) or bool(
             getattr(device, "host_unified_memory", False))
         self.host_mode = "hostptr" if unified else "copy"
@@ -263,6 +278,9 @@ class _Device:
             self.programs[fam] = prg
             self.program_status[fam] = {"status": status, "seconds": round(secs, 4)}
             for k in prg.all_kernels():
+                # declared scalar types let pyopencl use its fast generated arg setter
+                # (~30 us per call saved against set_args' per-argument type inspection)
+                k.set_scalar_arg_dtypes(_ARG_TYPES[k.function_name.rsplit("_", 1)[0]])
                 self.kernels[k.function_name] = k
         self.load_ms = (time.perf_counter() - t0) * 1e3
         _STATS["load_ms"] = round(self.load_ms, 2)
@@ -376,7 +394,7 @@ def _launch(kname: str, dtype, arrays, out, out_shape, scalars, gsize, vec_ok=Tr
         suffix = _SUFFIX[dtype]
         if (suffix == "_f32" and vec_ok and _aligned(out)
                 and all(_aligned(a) for a in arrays)):
-            suffix = "_f32a"
+            suffix = "_f32n" if st.cpu and out.nbytes >= NT_MIN_BYTES else "_f32a"
         knl = st.kernels[kname + suffix]
         if on_device:
             return _launch_device(st, knl, arrays, out, scalars, gsize)
@@ -405,8 +423,7 @@ def _launch_host(st, knl, arrays, out, scalars, gsize):
         bufs = [b if b is not None else bufs[0] for b in bufs]
         obuf = cl.Buffer(st.ctx, mf.WRITE_ONLY | mf.USE_HOST_PTR, hostbuf=out)
         with _LOCK:
-            knl.set_args(*bufs, obuf, *scalars)
-            cl.enqueue_nd_range_kernel(q, knl, gsize, (st.lws,) + (1,) * (len(gsize) - 1))
+            knl(q, gsize, (st.lws,) + (1,) * (len(gsize) - 1), *bufs, obuf, *scalars)
         mapped, _ = cl.enqueue_map_buffer(q, obuf, cl.map_flags.READ, 0, out.shape, out.dtype,
                                           is_blocking=True)
         mapped.base.release()
@@ -425,8 +442,7 @@ def _launch_host(st, knl, arrays, out, scalars, gsize):
         obuf = st.alloc(out.nbytes)
         held.append((obuf, out.nbytes))
         with _LOCK:
-            knl.set_args(*bufs, obuf, *scalars)
-            cl.enqueue_nd_range_kernel(q, knl, gsize, (st.lws,) + (1,) * (len(gsize) - 1))
+            knl(q, gsize, (st.lws,) + (1,) * (len(gsize) - 1), *bufs, obuf, *scalars)
         cl.enqueue_copy(q, out, obuf, is_blocking=True)
     finally:
         for b, n in held:
@@ -454,9 +470,8 @@ def _launch_device(st, knl, arrays, out, scalars, gsize):
     dst = out if not out.offset else cla.empty(q, out.shape, out.dtype)
     waits.extend(dst.events)
     with _LOCK:
-        knl.set_args(*bufs, dst.base_data, *scalars)
-        evt = cl.enqueue_nd_range_kernel(q, knl, gsize, (st.lws,) + (1,) * (len(gsize) - 1),
-                                         wait_for=waits or None)
+        evt = knl(q, gsize, (st.lws,) + (1,) * (len(gsize) - 1), *bufs, dst.base_data,
+                  *scalars, wait_for=waits or None)
     if dst is not out:
         evt = cl.enqueue_copy(q, out.base_data, dst.base_data, dst_offset=out.offset,
                               byte_count=dst.nbytes, wait_for=[evt])
@@ -498,7 +513,7 @@ def _eltwise(kname, x, out):
     st = _state()
     total = int(np.prod(x.shape))
     return _launch(kname, x.dtype, [x], out, x.shape, [np.int64(total)],
-                   (_cols(st, total // 4, 1),))
+                   (_cols(st, total // 8, 1),))
 
 
 def silu(x, out):
@@ -518,7 +533,7 @@ def _gated(kname, x, out):
     rows, n2 = x.shape
     h = n2 // 2
     return _launch(kname, x.dtype, [x], out, (rows, h), [np.int32(h)],
-                   (_cols(st, h // 4, rows), rows), h % 4 == 0)
+                   (_cols(st, h // 8, rows), rows), h % 4 == 0)
 
 
 def swiglu(x, out):
@@ -627,11 +642,12 @@ def get_queue():
 
 
 def get_opencl_info() -> dict:
-    """Platforms, devices, chosen device, fp16 support, cache location and hit counts."""
-    info: dict = {"available": None, "reason": None, "platforms": [], "chosen": None,
-                  "cache": {"dir": str(cache_dir()), **_STATS}}
-    if _AVAIL is not None:
-        info["available"], info["reason"] = _AVAIL
+    """Platforms, devices, chosen device, fp16 support, cache location and hit counts.
+
+    Decides availability (creating the device state) if that has not happened yet."""
+    ok, reason = availability()
+    info: dict = {"available": ok, "reason": None if ok else reason, "platforms": [],
+                  "chosen": None, "cache": {"dir": str(cache_dir()), **_STATS}}
     try:
         import pyopencl as cl
         info["pyopencl"] = cl.VERSION_TEXT

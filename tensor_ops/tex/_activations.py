@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import torch
 
-from ._common import check_quantizer, check_same_device, check_tensor, rows_2d
+from ._common import as_float, check_quantizer, check_same_device, check_tensor, rows_2d
 from ._dispatch import call, reference
 
 _K0 = 0.7978845608028654  # sqrt(2/pi)
@@ -219,13 +219,17 @@ def _make_dbias(op):
 def clamped_swiglu(input, quantizer=None, limit=7.0, alpha=1.702, glu_linear_offset=1.0):
     """GPT-OSS clamped SwiGLU: ``min(a,l)·σ(α·min(a,l)) · (clamp(b,-l,l) + offset)``."""
     _check_in("clamped_swiglu", input, quantizer, True)
-    return call("clamped_swiglu", (input, None, float(limit), float(alpha), float(glu_linear_offset)))
+    op = "clamped_swiglu"
+    return call(op, (input, None, as_float(op, "limit", limit), as_float(op, "alpha", alpha),
+                     as_float(op, "glu_linear_offset", glu_linear_offset)))
 
 
 def clamped_dswiglu(grad, fwd_input, quantizer=None, limit=7.0, alpha=1.702, glu_linear_offset=1.0):
     """Backward of :func:`clamped_swiglu` → ``cat([d/da, d/db], -1)``."""
     _check_grad("clamped_dswiglu", grad, fwd_input, quantizer, True)
-    return call("clamped_dswiglu", (grad, fwd_input, None, float(limit), float(alpha), float(glu_linear_offset)))
+    op = "clamped_dswiglu"
+    return call(op, (grad, fwd_input, None, as_float(op, "limit", limit), as_float(op, "alpha", alpha),
+                     as_float(op, "glu_linear_offset", glu_linear_offset)))
 
 
 def bgrad_quantize(input, quantizer=None):

@@ -114,7 +114,6 @@ for _op in TEX_OPS:
 
 
 def _registry():
-    from tensor_ops._registry import OpRegistry  # noqa: F401  (core must be importable)
     from ._dispatch import manager
     return manager().registry
 
@@ -286,7 +285,10 @@ def get_backend() -> TEXBackendBase:
 
 def list_backends() -> list:
     """``[{'name', 'vendor', 'priority', 'available', 'current'}]``, highest priority first."""
-    cur = _current_name()
+    try:
+        cur = _current_name()
+    except RuntimeError:  # TE_BACKEND names nothing available: list anyway, nothing current
+        cur = None
     out = []
     for name in _tex_impls():
         if name in _VENDORS:

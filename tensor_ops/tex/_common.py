@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import logging
+import numbers
 
 import torch
 
@@ -47,3 +48,22 @@ def rows_2d(t: torch.Tensor) -> torch.Tensor:
     """View as (N, H) with N = product of leading dims."""
     h = t.shape[-1] if t.dim() else 1
     return t.reshape(-1, h)
+
+
+def as_float(op: str, name: str, v) -> float:
+    """A real-number argument as float, with an error that names it."""
+    if isinstance(v, (int, float, numbers.Real)) and not isinstance(v, bool):
+        return float(v)
+    if isinstance(v, torch.Tensor) and v.numel() == 1 and v.dtype.is_floating_point:
+        return float(v)
+    if isinstance(v, str):
+        raise ValueError(f"tex.{op}: {name}={v!r} is not a number; pass a float")
+    raise TypeError(f"tex.{op}: {name} must be a real number, got {type(v).__name__} {v!r}")
+
+
+def as_int(op: str, name: str, v) -> int:
+    if isinstance(v, (int, numbers.Integral)) and not isinstance(v, bool):
+        return int(v)
+    if isinstance(v, bool):
+        return int(v)
+    raise TypeError(f"tex.{op}: {name} must be an int, got {type(v).__name__} {v!r}")

@@ -3,14 +3,14 @@ from __future__ import annotations
 
 import torch
 
-from ._common import check_same_device, check_shape, check_tensor
+from ._common import as_float, check_same_device, check_shape, check_tensor
 from ._dispatch import call, reference
 
 __all__ = ["dropout_fwd", "dropout_bwd"]
 
 
 def _check_p(op, p):
-    p = float(p)
+    p = as_float(op, "dropout_probability", p)
     if not 0.0 <= p <= 1.0:
         raise ValueError(f"tex.{op}: dropout_probability={p!r} must be in [0, 1]")
     return p

@@ -6,7 +6,7 @@ import math
 import torch
 
 from ._activations import _gelu_tanh, _gelu_tanh_grad
-from ._common import check_quantizer, check_same_device, check_tensor
+from ._common import as_float, check_quantizer, check_same_device, check_tensor
 from ._dispatch import call, reference
 from ._enums import to_torch_dtype
 
@@ -57,16 +57,18 @@ def generic_gemm(A, transA, B, transB, D, quantizer, output_dtype, bias, bias_ty
     n_out = out_shape[-1]
     otype = to_torch_dtype(output_dtype, None, what="output_dtype")
     if D is not None:
-        if D.numel() != math.prod(out_shape):
-            raise ValueError(f"tex.{op}: D has shape {tuple(D.shape)}, expected {tuple(out_shape)} for "
+        if D.numel() != math.prod(out_shape) or D.dim() == 0 or D.shape[-1] != n_out or not D.is_contiguous():
+            raise ValueError(f"tex.{op}: D has shape {tuple(D.shape)}, expected a contiguous {tuple(out_shape)} for "
                              f"A{tuple(A.shape)} transA={transA}, B{tuple(B.shape)} transB={transB}")
         if otype is not None and D.dtype != otype:
             raise ValueError(f"tex.{op}: D has dtype {D.dtype} but output_dtype is {otype}")
     if otype is None:
         otype = D.dtype if D is not None else A.dtype
+    alpha = as_float(op, "alpha", alpha)
     if beta is None:
         beta = 1.0 if accumulate else 0.0
-    elif not accumulate and beta != 0:
+    beta = as_float(op, "beta", beta)
+    if not accumulate and beta != 0:
         raise ValueError(f"tex.{op}: beta={beta!r} needs accumulate=True (D is overwritten otherwise)")
     if accumulate and D is None:
         raise ValueError(f"tex.{op}: accumulate=True needs an output tensor D")
@@ -81,7 +83,7 @@ def generic_gemm(A, transA, B, transB, D, quantizer, output_dtype, bias, bias_ty
         raise ValueError(f"tex.{op}: gelu_in has shape {tuple(gelu_in.shape)}, expected {tuple(out_shape)}")
     return call(op, (A, transA, B, transB, D, None, otype, bias, bias_type, gelu, gelu_in, grad, workspace,
                      workspace_size, accumulate, use_split_accumulator, None, comm_type, extra_output,
-                     bool(bulk_overlap), float(alpha), float(beta)))
+                     bool(bulk_overlap), alpha, beta))
 
 
 def _compute_dtype(*ts):

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import torch
 
-from ._common import check_tensor, nargs_error
+from ._common import as_float, as_int, check_tensor, nargs_error
 from ._dispatch import call, reference
 
 __all__ = ["multi_tensor_scale", "multi_tensor_l2norm", "multi_tensor_unscale_l2norm", "multi_tensor_adam",
@@ -41,7 +41,8 @@ def multi_tensor_scale(*args):
         raise nargs_error("multi_tensor_scale", "4 (chunk_size, noop_flag, tensor_lists, scale)", len(args))
     chunk, noop, lists, scale = args
     lists = _check_lists("multi_tensor_scale", noop, lists, (2,), "inputs, outputs")
-    return call("multi_tensor_scale", (int(chunk), noop, lists, float(scale)))
+    return call("multi_tensor_scale", (as_int("multi_tensor_scale", "chunk_size", chunk), noop, lists,
+                                       as_float("multi_tensor_scale", "scale", scale)))
 
 
 def multi_tensor_l2norm(*args):
@@ -77,14 +78,16 @@ def multi_tensor_adam(*args):
                           "bias_correction, weight_decay)", len(args))
     chunk, noop, lists, lr, b1, b2, eps, step, mode, bc, wd = args
     lists = _check_lists(op, noop, lists, (4, 5), "grads, params, exp_avg, exp_avg_sq[, master_params]")
-    if int(mode) not in (0, 1):
+    mode = as_int(op, "mode", mode)
+    if mode not in (0, 1):
         raise ValueError(f"tex.{op}: mode={mode!r}; valid: 0 (L2 regularisation), 1 (AdamW)")
     if len(lists) == 5:
         for i, t in enumerate(lists[4]):
             if t.dtype != torch.float32:
                 raise ValueError(f"tex.{op}: master_params[{i}] must be float32, got {t.dtype}")
-    return call(op, (int(chunk), noop, lists, float(lr), float(b1), float(b2), float(eps), int(step), int(mode),
-                     int(bc), float(wd)))
+    f = [as_float(op, n, v) for n, v in (("lr", lr), ("beta1", b1), ("beta2", b2), ("eps", eps), ("weight_decay", wd))]
+    return call(op, (as_int(op, "chunk_size", chunk), noop, lists, f[0], f[1], f[2], f[3], as_int(op, "step", step),
+                     as_int(op, "mode", mode), as_int(op, "bias_correction", bc), f[4]))
 
 
 def multi_tensor_sgd(*args):
@@ -96,8 +99,10 @@ def multi_tensor_sgd(*args):
                           "first_run, wd_after_momentum, scale)", len(args))
     chunk, noop, lists, wd, momentum, dampening, lr, nesterov, first_run, wd_after, scale = args
     lists = _check_lists(op, noop, lists, (3, 4), "grads, params, momentum_bufs[, model_copies]")
-    return call(op, (int(chunk), noop, lists, float(wd), float(momentum), float(dampening), float(lr),
-                     bool(nesterov), bool(first_run), bool(wd_after), float(scale)))
+    f = [as_float(op, n, v) for n, v in (("wd", wd), ("momentum", momentum), ("dampening", dampening), ("lr", lr),
+                                         ("scale", scale))]
+    return call(op, (as_int(op, "chunk_size", chunk), noop, lists, f[0], f[1], f[2], f[3], bool(nesterov),
+                     bool(first_run), bool(wd_after), f[4]))
 
 
 # ---------------------------------------------------------------- reference.torch

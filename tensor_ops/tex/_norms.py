@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import torch
 
-from ._common import check_quantizer, check_same_device, check_shape, check_tensor, nargs_error, rows_2d
+from ._common import as_float, check_quantizer, check_same_device, check_shape, check_tensor, nargs_error, rows_2d
 from ._dispatch import call, reference
 from ._enums import to_torch_dtype
 
@@ -51,7 +51,7 @@ def rmsnorm_fwd(input, weight, eps, ln_out, quantizer, otype, sm_margin, zero_ce
     """RMSNorm forward → ``[out, None, rsigma]`` (rsigma fp32 ``[N]``)."""
     _check_fwd("rmsnorm_fwd", input, weight, None, ln_out, quantizer)
     otype = to_torch_dtype(otype, input.dtype)
-    return call("rmsnorm_fwd", (input, weight, float(eps), ln_out, None, otype, sm_margin,
+    return call("rmsnorm_fwd", (input, weight, as_float("rmsnorm_fwd", "eps", eps), ln_out, None, otype, sm_margin,
                                 bool(zero_centered_gamma)))
 
 
@@ -59,7 +59,7 @@ def layernorm_fwd(input, weight, bias, eps, ln_out, quantizer, otype, sm_margin,
     """LayerNorm forward → ``[out, mu, rsigma]`` (mu, rsigma fp32 ``[N]``)."""
     _check_fwd("layernorm_fwd", input, weight, bias, ln_out, quantizer)
     otype = to_torch_dtype(otype, input.dtype)
-    return call("layernorm_fwd", (input, weight, bias, float(eps), ln_out, None, otype, sm_margin,
+    return call("layernorm_fwd", (input, weight, bias, as_float("layernorm_fwd", "eps", eps), ln_out, None, otype, sm_margin,
                                   bool(zero_centered_gamma)))
 
 

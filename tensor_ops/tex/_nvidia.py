@@ -88,6 +88,8 @@ def _passthrough(op):
                 args[i] = getattr(te.DType, to_te_dtype(args[i]).name)
         if op == "generic_gemm":
             kw = {k: v for k, v, d in zip(_GEMM_KW, args[16:], _GEMM_DEFAULTS) if v != d}
+            if kw.get("beta") == (1.0 if args[14] else 0.0):  # the value implied by accumulate
+                del kw["beta"]
             return getattr(te, op)(*args[:16], **kw)
         out = getattr(te, op)(*args)
         if op == "get_fused_attn_backend":

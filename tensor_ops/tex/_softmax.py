@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import torch
 
-from ._common import check_same_device, check_tensor, nargs_error
+from ._common import as_float, check_same_device, check_tensor, nargs_error
 from ._dispatch import call, reference
 
 __all__ = [
@@ -26,7 +26,7 @@ def _check_input(op, x, ndim):
 def scaled_softmax_forward(input, scale):
     """``softmax(input * scale, -1)`` for ``input[b, h, sq, sk]``."""
     _check_input("scaled_softmax_forward", input, 4)
-    return call("scaled_softmax_forward", (input, float(scale)))
+    return call("scaled_softmax_forward", (input, as_float("scaled_softmax_forward", "scale", scale)))
 
 
 def scaled_masked_softmax_forward(input, mask, scale):
@@ -41,7 +41,7 @@ def scaled_masked_softmax_forward(input, mask, scale):
                          f"for input {tuple(input.shape)}")
     if mask.dtype not in (torch.uint8, torch.bool):
         raise TypeError(f"tex.{op}: mask must be uint8 (or bool), got {mask.dtype}")
-    return call(op, (input, mask, float(scale)))
+    return call(op, (input, mask, as_float(op, "scale", scale)))
 
 
 def scaled_upper_triang_masked_softmax_forward(input, scale):
@@ -50,14 +50,14 @@ def scaled_upper_triang_masked_softmax_forward(input, scale):
     _check_input(op, input, 3)
     if input.shape[1] != input.shape[2]:
         raise ValueError(f"tex.{op}: input must be square in its last two dims, got {tuple(input.shape)}")
-    return call(op, (input, float(scale)))
+    return call(op, (input, as_float(op, "scale", scale)))
 
 
 def scaled_aligned_causal_masked_softmax_forward(input, scale):
     """Causal softmax aligned bottom-right (``j > i + sk - sq`` masked) for ``input[b, h, sq, sk]``."""
     op = "scaled_aligned_causal_masked_softmax_forward"
     _check_input(op, input, 4)
-    return call(op, (input, float(scale)))
+    return call(op, (input, as_float(op, "scale", scale)))
 
 
 def _make_bwd(op):
@@ -71,7 +71,7 @@ def _make_bwd(op):
         if dy.shape != y.shape:
             raise ValueError(f"tex.{op}: output_grads {tuple(dy.shape)} and softmax_results "
                              f"{tuple(y.shape)} differ in shape")
-        return call(op, (dy, y, float(scale)))
+        return call(op, (dy, y, as_float(op, "scale", scale)))
     fn.__name__ = fn.__qualname__ = op
     fn.__doc__ = f"tex.{op}(output_grads, softmax_results, scale) → scale·y⊙(dy − Σ dy⊙y) (new tensor)."
     return fn

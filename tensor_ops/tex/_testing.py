@@ -168,3 +168,113 @@ class forced:
         self._u.__exit__(*exc)
         self._w.__exit__(*exc)
         return False
+
+
+# ---- a TE-style MLP block whose autograd.Functions call only tex (training-step tests)
+
+_WS = None
+
+
+def _gemm(A, B, layout, bias=None, grad=False, out_dtype=None):
+    """TE's general_gemm(A, B, workspace, …, layout, bias, grad) reduced to what the MLP uses."""
+    import tensor_ops.tex as tex
+    global _WS
+    if _WS is None:
+        _WS = torch.empty(0, dtype=torch.uint8)
+    D, bias_grad, _, _ = tex.generic_gemm(A, layout[0] == "T", B, layout[1] == "T", None, None, out_dtype, bias,
+                                          None, False, None, grad, _WS, 0, False, False)
+    return D, bias_grad
+
+
+class TexRMSNorm(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, w, eps):
+        import tensor_ops.tex as tex
+        out, _, rsigma = tex.rmsnorm_fwd(x, w, eps, None, None, tex.DType.kFloat32, 0, False)
+        ctx.save_for_backward(x, rsigma, w)
+        return out
+
+    @staticmethod
+    def backward(ctx, dz):
+        import tensor_ops.tex as tex
+        x, rsigma, w = ctx.saved_tensors
+        dx, dw = tex.rmsnorm_bwd(dz.contiguous(), x, rsigma, w, 0, False)
+        return dx, dw, None
+
+
+class TexLinear(torch.autograd.Function):
+    """Forward "TN", dgrad "NN", wgrad "NT" with grad=True and the bias (bias_grad), as TE's Linear."""
+
+    @staticmethod
+    def forward(ctx, x, W, b):
+        y, _ = _gemm(W, x, "TN", bias=b)
+        ctx.save_for_backward(x, W, b)
+        return y
+
+    @staticmethod
+    def backward(ctx, dy):
+        x, W, b = ctx.saved_tensors
+        dy = dy.contiguous()
+        dx, _ = _gemm(W, dy, "NN")
+        dW, db = _gemm(x.reshape(-1, x.shape[-1]), dy.reshape(-1, dy.shape[-1]), "NT", bias=b, grad=True)
+        return dx, dW, db
+
+
+class TexSwiGLU(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x):
+        import tensor_ops.tex as tex
+        ctx.save_for_backward(x)
+        return tex.swiglu(x, None)
+
+    @staticmethod
+    def backward(ctx, dy):
+        import tensor_ops.tex as tex
+        (x,) = ctx.saved_tensors
+        return tex.dswiglu(dy.contiguous(), x, None)
+
+
+def mlp_params(hidden=32, ffn=48, seed=0, dtype=torch.float32):
+    g = torch.Generator().manual_seed(seed)
+    return [
+        (1.0 + 0.1 * torch.randn(hidden, generator=g)).to(dtype),            # rmsnorm weight
+        (torch.randn(2 * ffn, hidden, generator=g) / hidden ** 0.5).to(dtype),  # fc1 weight
+        (0.1 * torch.randn(2 * ffn, generator=g)).to(dtype),                   # fc1 bias
+        (torch.randn(hidden, ffn, generator=g) / ffn ** 0.5).to(dtype),        # fc2 weight
+        (0.1 * torch.randn(hidden, generator=g)).to(dtype),                    # fc2 bias
+    ]
+
+
+def mlp_tex(x, p, eps=1e-5):
+    h = TexRMSNorm.apply(x, p[0], eps)
+    return TexLinear.apply(TexSwiGLU.apply(TexLinear.apply(h, p[1], p[2])), p[3], p[4])
+
+
+def mlp_torch(x, p, eps=1e-5):
+    h = x * torch.rsqrt(x.square().mean(-1, keepdim=True) + eps) * p[0]
+    a, b = F.linear(h, p[1], p[2]).chunk(2, -1)
+    return F.linear(F.silu(a) * b, p[3], p[4])
+
+
+def mlp_data(step, batch=4, seq=8, hidden=32, seed=100):
+    g = torch.Generator().manual_seed(seed + step)
+    return torch.randn(batch, seq, hidden, generator=g), torch.randn(batch, seq, hidden, generator=g)
+
+
+class TexAdamW:
+    """TE's FusedAdam (adam_w_mode=1) step through tex.multi_tensor_adam."""
+
+    def __init__(self, params, lr=1e-2, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.01):
+        self.params, self.lr, self.betas, self.eps, self.wd = params, lr, betas, eps, weight_decay
+        self.m = [torch.zeros_like(p) for p in params]
+        self.v = [torch.zeros_like(p) for p in params]
+        self.step_no = 0
+        self.noop = torch.zeros(1, dtype=torch.int32)
+
+    @torch.no_grad()
+    def step(self):
+        import tensor_ops.tex as tex
+        self.step_no += 1
+        grads = [p.grad for p in self.params]
+        tex.multi_tensor_adam(65536, self.noop, [grads, [p.data for p in self.params], self.m, self.v], self.lr,
+                              self.betas[0], self.betas[1], self.eps, self.step_no, 1, 1, self.wd)

@@ -1,0 +1,103 @@
+# Type stub of the pybind11 module tensor_ops._cpp (source: cpp_ext/; a copy of this
+# file is installed as tensor_ops/_cpp.pyi; keep the two identical).
+#
+# Notes for callers (the facade backend tensor_ops/backends/cpp.py and the tex adapters):
+#
+# * Arrays are numpy.ndarray, C-contiguous, aligned to their itemsize. Accepted storage:
+#   float32, float16 and bfloat16. bfloat16 arrives as raw bits in an int16 or uint16
+#   array (e.g. numpy view of `torch_tensor.view(torch.int16)`), together with
+#   dtype="bfloat16": in a call with dtype="bfloat16" every int16/uint16 array is read and
+#   written as bfloat16. (An ml_dtypes "bfloat16" numpy dtype is recognised by itself.)
+#   Math is fp32 for every storage type; 16-bit results are rounded to nearest-even once.
+# * Anything else is refused: TypeError (not an ndarray, wrong dtype) or ValueError
+#   (non-contiguous, misaligned, read-only output, wrong shape). float64 is refused on
+#   purpose: the numpy backend serves it.
+# * The feature axis is the last one; x may have any number of leading axes (rows =
+#   size // n). Outputs: `out=None` allocates; a given `out` is written in place (no copy)
+#   and returned. Empty inputs return at once.
+# * Norm statistics (mu, rsigma) are always float32 with one value per row;
+#   rsigma = 1/sqrt(var + eps) (layer_norm) or 1/sqrt(mean(x^2) + eps) (rms_norm).
+#   zero_centered_gamma=True uses (1 + weight) instead of weight (TE's flag).
+# * weight/bias/gamma have the dtype of x. The GIL is released inside every kernel;
+#   calls above 128 KiB of traffic run on set_num_threads() OpenMP threads.
+# * Kernel variants: "scalar" (portable), "avx2" (AVX2+FMA+F16C), "avx512"
+#   (F/BW/DQ/VL), chosen at import by CPUID; TENSOR_OPS_MAX_ISA=scalar|avx2|avx512 caps
+#   the choice (an unknown value makes the import fail with ValueError).
+# * Accuracy (fp32 math, tests/test_cpp.py): exp <= 4 ulp over the fp32 range (including
+#   denormal results), erf-GELU <= 10 eps absolute, tanh-GELU via x/(1+e^(-2u)).
+from __future__ import annotations
+
+from typing import Literal, Optional, Union
+
+import numpy as np
+
+_Arr = np.ndarray
+_BF16 = Optional[Literal["bfloat16"]]
+
+ISA: str  # the selected variant: "scalar", "avx2" or "avx512"
+
+# ---- facade ops (signatures = the backend contract in CONTRIBUTING.md) ----------------
+def rms_norm(x: _Arr, weight: _Arr, eps: float, out: Optional[_Arr] = None, *,
+             rsigma: Optional[_Arr] = None, zero_centered_gamma: bool = False,
+             dtype: _BF16 = None) -> _Arr:
+    """y = x * rsigma * weight, rsigma = 1/sqrt(mean(x^2, -1) + eps); rsigma (float32,
+    one per row) is also written into `rsigma` when given."""
+def layer_norm(x: _Arr, weight: _Arr, bias: Optional[_Arr], eps: float, out: Optional[_Arr] = None, *,
+               mu: Optional[_Arr] = None, rsigma: Optional[_Arr] = None,
+               zero_centered_gamma: bool = False, dtype: _BF16 = None) -> _Arr:
+    """y = (x - mu) * rsigma * weight + bias (biased variance); mu/rsigma float32 per row."""
+def softmax(x: _Arr, out: Optional[_Arr] = None, *, dtype: _BF16 = None) -> _Arr: ...
+def silu(x: _Arr, out: Optional[_Arr] = None, *, dtype: _BF16 = None) -> _Arr: ...
+def relu(x: _Arr, out: Optional[_Arr] = None, *, dtype: _BF16 = None) -> _Arr: ...
+def gelu(x: _Arr, approximate: Literal["none", "tanh"] = "none", out: Optional[_Arr] = None, *,
+         dtype: _BF16 = None) -> _Arr: ...
+def swiglu(x: _Arr, out: Optional[_Arr] = None, *, dtype: _BF16 = None) -> _Arr:
+    """x (..., 2h) -> (..., h): silu(x[..., :h]) * x[..., h:]."""
+def geglu(x: _Arr, approximate: Literal["none", "tanh"] = "none", out: Optional[_Arr] = None, *,
+          dtype: _BF16 = None) -> _Arr:
+    """x (..., 2h) -> (..., h): gelu(x[..., :h]) * x[..., h:]."""
+def rope(x: _Arr, cos: _Arr, sin: _Arr, interleaved: bool = False, out: Optional[_Arr] = None, *,
+         dtype: _BF16 = None) -> _Arr:
+    """cos/sin: float32 (T, n); row r uses position r % T (see CONTRIBUTING.md for the
+    interleaved and half-split formulas). n must be even."""
+
+# ---- tex (TransformerEngine) kernels ---------------------------------------------------
+def rms_norm_bwd(dz: _Arr, x: _Arr, rsigma: _Arr, gamma: _Arr, dx: Optional[_Arr] = None,
+                 dgamma: Optional[_Arr] = None, zero_centered_gamma: bool = False, *,
+                 dtype: _BF16 = None) -> tuple[_Arr, _Arr]:
+    """Returns (dx, dgamma). dx like x, dgamma like gamma; rsigma from the forward.
+    dgamma is accumulated in fp32 per thread over rows, then reduced and cast once."""
+def layer_norm_bwd(dz: _Arr, x: _Arr, mu: _Arr, rsigma: _Arr, gamma: _Arr, dx: Optional[_Arr] = None,
+                   dgamma: Optional[_Arr] = None, dbeta: Optional[_Arr] = None,
+                   zero_centered_gamma: bool = False, *, dtype: _BF16 = None) -> tuple[_Arr, _Arr, _Arr]:
+    """Returns (dx, dgamma, dbeta), fp32 accumulation of dgamma/dbeta across rows."""
+def adam_step(g: _Arr, p: _Arr, m: _Arr, v: _Arr, lr: float, beta1: float, beta2: float, eps: float,
+              bc1: float, bc2: float, mode: int, weight_decay: float, master: Optional[_Arr] = None, *,
+              dtype: _BF16 = None) -> None:
+    """One Adam step in place over flat tensors of equal size (TEX_API.md multi_tensor_adam).
+    g: float32/float16/bfloat16; m, v: float32; p: float32, or any of the three when
+    `master` (float32) is given: the math then runs on master and p = cast(master).
+    bc1 = 1 - beta1**step and bc2 = 1 - beta2**step (or 1 without bias correction).
+    mode 0 (L2): g += wd*p before the moments; mode 1 (AdamW): p -= lr*(update + wd*p)."""
+def scale(inp: _Arr, out: _Arr, scale: float, *, dtype: _BF16 = None) -> bool:
+    """out = inp * scale (any of the three storage types each; inp is out allowed when the
+    dtypes match). Returns True when some input element is Inf or NaN (out still written)."""
+def l2norm_sq(x: _Arr, *, dtype: _BF16 = None) -> float:
+    """sum(x**2) over all elements: fp32 lanes per 1024-element block, blocks summed in
+    double. Inf/NaN inputs give Inf/NaN."""
+
+# ---- runtime -----------------------------------------------------------------------------
+def set_num_threads(n: int) -> None:
+    """Threads for the kernels (default: omp_get_max_threads(), i.e. OMP_NUM_THREADS)."""
+def get_num_threads() -> int: ...
+def build_info() -> dict[str, Union[str, int, bool, list, dict]]:
+    """selected_isa, vector_width_fp32, compiled_variants, cpu_supports, isa_note, openmp,
+    openmp_version, omp_max_threads, num_threads, parallel_threshold_bytes,
+    nontemporal_threshold_bytes, compiler, flags."""
+def _exp(x: _Arr, out: Optional[_Arr] = None, *, dtype: _BF16 = None) -> _Arr:
+    """Test hook: the vectorised exp the kernels use."""
+def _tanh(x: _Arr, out: Optional[_Arr] = None, *, dtype: _BF16 = None) -> _Arr:
+    """Test hook: the vectorised tanh (sign(x)*(1 - 2/(e^(2|x|)+1)), odd series near 0)."""
+def _set_tuning(parallel_threshold_bytes: int = -1, nontemporal_threshold_bytes: int = -1) -> None:
+    """Benchmark hook: bytes of traffic from which calls go multi-threaded / outputs from
+    which stores are non-temporal (-1 keeps the current value)."""

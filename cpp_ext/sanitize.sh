@@ -1,0 +1,32 @@
+#!/usr/bin/env bash
+# Build tensor_ops._cpp with -fsanitize=address,undefined in a throwaway copy of the tree
+# and run the cpp tests (tests/test_cpp.py + the cpp part of the conformance harness)
+# against it, with libasan/libubsan preloaded into the (uninstrumented) Python.
+#
+#   cpp_ext/sanitize.sh            # exit status = pytest's
+#   KEEP=1 cpp_ext/sanitize.sh     # keep the temp dir for inspection
+#
+# The working tree is not modified: the instrumented module lives only in the temp copy.
+set -euo pipefail
+ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+TMP=$(mktemp -d "${TMPDIR:-/tmp}/tensor_ops_asan.XXXXXX")
+if [[ "${KEEP:-0}" != 1 ]]; then trap 'rm -rf "$TMP"' EXIT; fi
+echo "sanitize: copying the tree to $TMP/src"
+mkdir -p "$TMP/src"
+tar -C "$ROOT" --exclude=./build --exclude='*.so' --exclude=.git --exclude='__pycache__' \
+    --exclude=./backend.json -cf - . | tar -C "$TMP/src" -xf -
+cd "$TMP/src"
+export TENSOR_OPS_CONFIG="$TMP/backend.json"
+echo "sanitize: building with -fsanitize=address,undefined (TENSOR_OPS_CPP_SANITIZE=1)"
+TENSOR_OPS_CPP_SANITIZE=1 TENSOR_OPS_REQUIRE_CPP=1 python setup.py -q build_ext --inplace \
+    > "$TMP/build.log" 2>&1 || { tail -50 "$TMP/build.log"; exit 2; }
+CXX=${CXX:-g++}
+LIBASAN=$($CXX -print-file-name=libasan.so)
+LIBUBSAN=$($CXX -print-file-name=libubsan.so)
+echo "sanitize: LD_PRELOAD=$LIBASAN $LIBUBSAN"
+# Python itself "leaks" at exit by design: leak checking off; UB aborts (-fno-sanitize-recover).
+export ASAN_OPTIONS="detect_leaks=0:abort_on_error=1:strict_string_checks=1:detect_stack_use_after_return=1"
+export UBSAN_OPTIONS="print_stacktrace=1:halt_on_error=1"
+export TENSOR_OPS_BACKEND=cpp
+LD_PRELOAD="$LIBASAN $LIBUBSAN" python -m pytest -q -p no:cacheprovider -p no:randomly \
+    tests/test_cpp.py tests/test_conformance.py -k "cpp or not conformance" "$@"

@@ -1,0 +1,638 @@
+"""Backend-specific tests of the C++ SIMD backend (tensor_ops._cpp, cpp_ext/).
+
+The cross-backend conformance harness (test_conformance.py) covers the facade ops for
+every backend; this file checks what only the C++ backend has: ISA variants (each one run
+in a subprocess with TENSOR_OPS_MAX_ISA), SIMD tails, very long rows, bfloat16 uint16
+views, the binding's refusals, the vectorised math accuracy, the tex kernels (norm stats,
+backward, Adam, scale, l2norm) and get_optimization_info(). Timings are never asserted.
+"""
+from __future__ import annotations
+
+import math
+import os
+import subprocess
+import sys
+import textwrap
+import threading
+
+import numpy as np
+import pytest
+
+from tests import _reference as ref
+
+pytestmark = pytest.mark.cpp
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+
+
+def _native():
+    from tensor_ops.backends import cpp
+    ok, reason = cpp.availability()
+    if not ok:
+        pytest.skip(f"cpp unavailable: {reason}")
+    return cpp.native()
+
+
+@pytest.fixture(scope="module")
+def C():
+    return _native()
+
+
+# ---------------------------------------------------------------------------- helpers
+def bf16_bits(a: np.ndarray) -> np.ndarray:
+    """float -> bfloat16 bits (round to nearest even) as uint16."""
+    u = np.ascontiguousarray(a, np.float32).view(np.uint32).astype(np.uint64)
+    r = ((u + 0x7FFF + ((u >> 16) & 1)) >> 16).astype(np.uint16)
+    nan = np.isnan(a)
+    r[nan] = ((u[nan] >> 16) | 0x40).astype(np.uint16)
+    return r
+
+
+def bf16_float(b: np.ndarray) -> np.ndarray:
+    return (b.astype(np.uint32) << 16).view(np.float32)
+
+
+def as_dtype(a, dt):
+    """(array passed to the kernel, float64 value it holds, kwargs)."""
+    if dt == "bfloat16":
+        bits = bf16_bits(a)
+        return bits, bf16_float(bits).astype(np.float64), {"dtype": "bfloat16"}
+    arr = np.ascontiguousarray(a, dt)
+    return arr, arr.astype(np.float64), {}
+
+
+def value(y, dt):
+    return bf16_float(y).astype(np.float64) if dt == "bfloat16" else y.astype(np.float64)
+
+
+TOL = {"float32": (2e-6, 2e-6), "float16": (1e-3, 2e-3), "bfloat16": (8e-3, 1.6e-2)}
+DTYPES = ["float32", "float16", "bfloat16"]
+
+
+def check(got, want, dt, scale=1.0):
+    rtol, atol = TOL[dt]
+    np.testing.assert_allclose(value(got, dt), want, rtol=rtol, atol=atol * scale, equal_nan=True)
+
+
+def rope_tables(T, n, seed=3):
+    rng = np.random.default_rng(seed)
+    ang = rng.uniform(-3, 3, (T, n)).astype(np.float32)
+    return np.cos(ang).astype(np.float32), np.sin(ang).astype(np.float32)
+
+
+def ref_rope(x, cos, sin, interleaved):
+    x = np.asarray(x, np.float64)
+    rows, n = x.shape
+    pos = np.arange(rows) % cos.shape[0]
+    c, s = cos[pos].astype(np.float64), sin[pos].astype(np.float64)
+    y = np.empty_like(x)
+    if interleaved:
+        y[:, 0::2] = x[:, 0::2] * c[:, 0::2] - x[:, 1::2] * s[:, 0::2]
+        y[:, 1::2] = x[:, 1::2] * c[:, 1::2] + x[:, 0::2] * s[:, 1::2]
+    else:
+        h = n // 2
+        y[:, :h] = x[:, :h] * c[:, :h] - x[:, h:] * s[:, :h]
+        y[:, h:] = x[:, h:] * c[:, h:] + x[:, :h] * s[:, h:]
+    return y
+
+
+# ---------------------------------------------------------------------------- ops, tails
+WIDTHS = list(range(1, 18)) + [31, 33, 64, 100, 1027]
+
+
+@pytest.mark.parametrize("dt", DTYPES)
+@pytest.mark.parametrize("n", WIDTHS, ids=lambda n: f"n{n}")
+def test_norms_and_softmax_tails(C, n, dt):
+    rng = np.random.default_rng(n)
+    x0 = rng.standard_normal((3, n)) * 2 + 0.5
+    w0, b0 = rng.standard_normal(n), rng.standard_normal(n)
+    x, xv, kw = as_dtype(x0, dt)
+    w, wv, _ = as_dtype(w0, dt)
+    b, bv, _ = as_dtype(b0, dt)
+    check(C.rms_norm(x, w, 1e-6, None, **kw), ref.rms_norm(xv, wv, 1e-6), dt, math.sqrt(n))
+    check(C.layer_norm(x, w, b, 1e-5, None, **kw), ref.layer_norm(xv, wv, bv, 1e-5), dt, math.sqrt(n))
+    check(C.layer_norm(x, w, None, 1e-5, None, **kw), ref.layer_norm(xv, wv, None, 1e-5), dt, math.sqrt(n))
+    check(C.softmax(x, None, **kw), ref.softmax(xv), dt)
+
+
+@pytest.mark.parametrize("dt", DTYPES)
+@pytest.mark.parametrize("n", WIDTHS, ids=lambda n: f"n{n}")
+def test_elementwise_tails(C, n, dt):
+    rng = np.random.default_rng(100 + n)
+    x, xv, kw = as_dtype(rng.standard_normal((3, n)) * 4, dt)
+    check(C.silu(x, None, **kw), ref.silu(xv), dt)
+    check(C.relu(x, None, **kw), ref.relu(xv), dt)
+    check(C.gelu(x, "none", None, **kw), ref.gelu(xv), dt)
+    check(C.gelu(x, "tanh", None, **kw), ref.gelu(xv, "tanh"), dt)
+    x2, x2v, _ = as_dtype(rng.standard_normal((3, 2 * n)) * 3, dt)
+    check(C.swiglu(x2, None, **kw), ref.swiglu(x2v), dt, 4)
+    check(C.geglu(x2, "none", None, **kw), ref.geglu(x2v), dt, 4)
+    check(C.geglu(x2, "tanh", None, **kw), ref.geglu(x2v, "tanh"), dt, 4)
+
+
+@pytest.mark.parametrize("dt", DTYPES)
+@pytest.mark.parametrize("interleaved", [False, True], ids=["half", "interleaved"])
+@pytest.mark.parametrize("n", [2, 4, 6, 8, 10, 16, 18, 34, 66, 128], ids=lambda n: f"n{n}")
+def test_rope(C, n, interleaved, dt):
+    rng = np.random.default_rng(n)
+    cos, sin = rope_tables(5, n)
+    x, xv, kw = as_dtype(rng.standard_normal((7, n)), dt)
+    check(C.rope(x, cos, sin, interleaved, None, **kw), ref_rope(xv, cos, sin, interleaved), dt)
+
+
+def test_rope_odd_output_alignment(C):
+    # out shifted by one element: interleaved pairs straddle vector lanes in the body.
+    old = C.build_info()["nontemporal_threshold_bytes"]
+    C._set_tuning(-1, 0)  # force the non-temporal path with its alignment head
+    try:
+        n = 64
+        cos, sin = rope_tables(3, n)
+        x = np.random.default_rng(0).standard_normal((4, n)).astype(np.float32)
+        buf = np.zeros(4 * n + 1, np.float32)
+        out = buf[1:].reshape(4, n)
+        for il in (False, True):
+            C.rope(x, cos, sin, il, out)
+            np.testing.assert_allclose(out, ref_rope(x, cos, sin, il), rtol=2e-6, atol=2e-6)
+    finally:
+        C._set_tuning(-1, old)
+
+
+def test_out_is_written_in_place_and_returned(C):
+    x = np.random.default_rng(1).standard_normal((4, 40)).astype(np.float32)
+    w = np.ones(40, np.float32)
+    for fn, args in [(C.rms_norm, (x, w, 1e-6)), (C.softmax, (x,)), (C.silu, (x,)), (C.relu, (x,))]:
+        out = np.full_like(x, np.nan)
+        assert fn(*args, out) is out
+        assert not np.isnan(out).any()
+    out = np.empty((4, 20), np.float32)
+    assert C.swiglu(x, out) is out
+
+
+def test_nontemporal_path_matches(C):
+    """Big-output stores (streaming, with an alignment head) give the same numbers."""
+    x = np.random.default_rng(2).standard_normal((33, 257)).astype(np.float32)
+    w = np.random.default_rng(3).standard_normal(257).astype(np.float32)
+    want = [C.rms_norm(x, w, 1e-6), C.silu(x), C.softmax(x), C.gelu(x, "tanh")]
+    old = C.build_info()["nontemporal_threshold_bytes"]
+    C._set_tuning(-1, 0)
+    try:
+        buf = np.empty(x.size + 3, np.float32)
+        for k, f in enumerate([lambda o: C.rms_norm(x, w, 1e-6, o), lambda o: C.silu(x, o),
+                               lambda o: C.softmax(x, o), lambda o: C.gelu(x, "tanh", o)]):
+            for off in (0, 1, 3):
+                o = buf[off:off + x.size].reshape(x.shape)
+                np.testing.assert_array_equal(f(o), want[k])
+    finally:
+        C._set_tuning(-1, old)
+
+
+def test_empty_inputs_return_at_once(C):
+    for shape in [(0, 8), (3, 0), (0,)]:
+        x = np.empty(shape, np.float32)
+        assert C.silu(x).shape == shape
+        assert C.softmax(x).shape == shape
+    assert C.rms_norm(np.empty((0, 8), np.float32), np.ones(8, np.float32), 1e-6).shape == (0, 8)
+    assert C.l2norm_sq(np.empty(0, np.float32)) == 0.0
+
+
+def test_rows_of_length_one(C):
+    x = np.array([[3.0], [-2.0], [0.0]], np.float32)
+    w = np.array([2.0], np.float32)
+    np.testing.assert_allclose(C.rms_norm(x, w, 1e-6), ref.rms_norm(x, w, 1e-6), rtol=1e-6)
+    np.testing.assert_allclose(C.softmax(x), np.ones((3, 1)))
+    np.testing.assert_allclose(C.layer_norm(x, w, None, 1e-5), np.zeros((3, 1)))
+
+
+def test_very_long_row(C):
+    n = 1 << 24
+    rng = np.random.default_rng(7)
+    x = rng.standard_normal((1, n), dtype=np.float32)
+    w = np.ones(n, np.float32)
+    x64 = x.astype(np.float64)
+    got = C.rms_norm(x, w, 1e-6)
+    want = x64 / math.sqrt(float((x64 * x64).mean()) + 1e-6)
+    np.testing.assert_allclose(got, want, rtol=3e-6, atol=3e-6)
+    sm = C.softmax(x)
+    np.testing.assert_allclose(sm.sum(dtype=np.float64), 1.0, rtol=1e-5)
+    np.testing.assert_allclose(sm[0, :1000], ref.softmax(x64)[0, :1000], rtol=1e-5, atol=0)
+    np.testing.assert_allclose(C.silu(x)[0, ::4099], ref.silu(x64[0, ::4099]), rtol=2e-6, atol=2e-6)
+    ln = C.layer_norm(x, w, None, 1e-5)
+    np.testing.assert_allclose(ln[0, ::4099], ref.layer_norm(x64, w, None, 1e-5)[0, ::4099], rtol=3e-6, atol=3e-6)
+
+
+def test_fp16_nan_inf(C):
+    x = np.array([[np.nan, np.inf, -np.inf, 0.0, -0.0, 65504.0, -65504.0, 1e-7, 3.0]], np.float16)
+    xv = x.astype(np.float64)
+    with np.errstate(all="ignore"):
+        for got, want in [(C.silu(x), ref.silu(xv)), (C.relu(x), ref.relu(xv)),
+                          (C.gelu(x, "none"), ref.gelu(xv)), (C.gelu(x, "tanh"), ref.gelu(xv, "tanh"))]:
+            np.testing.assert_allclose(got.astype(np.float64), want.astype(np.float16).astype(np.float64),
+                                       rtol=1e-3, atol=1e-3, equal_nan=True)
+    # a NaN or +Inf anywhere in a softmax row makes the row NaN (as the float64 formula does)
+    sm = C.softmax(np.array([[1.0, np.nan, 2.0], [1.0, np.inf, 2.0], [1.0, 2.0, 3.0]], np.float16))
+    assert np.isnan(sm[:2]).all() and np.isfinite(sm[2]).all()
+
+
+def test_fp16_overflow_to_inf_and_subnormals(C):
+    with np.errstate(over="ignore"):
+        xh = np.array([[70000.0, -70000.0, 1e-6, -3e-7, 6e-5]], np.float32).astype(np.float16)
+    assert np.isposinf(C.relu(np.array([[np.float16(np.inf)]])))[0, 0]
+    np.testing.assert_array_equal(C.relu(xh), np.maximum(xh, 0))
+    # float32 -> float16 stores round to nearest even, overflow to Inf, keep subnormals
+    x = np.array([70000.0, -70000.0, 65519.0, 65520.0, 1e-6, -3e-7, 6e-5, 2.0 ** -25, 1.5 * 2.0 ** -24], np.float32)
+    out = np.empty(x.size, np.float16)
+    C.scale(x, out, 1.0)
+    with np.errstate(over="ignore"):
+        np.testing.assert_array_equal(out, x.astype(np.float16))
+
+
+# ---------------------------------------------------------------------------- math accuracy
+def _ulp_err(got32, want64):
+    want32 = want64.astype(np.float32)
+    spacing = np.spacing(np.abs(want32)).astype(np.float64)
+    spacing[spacing == 0] = np.float64(np.float32(2.0 ** -149))
+    return np.abs(got32.astype(np.float64) - want64) / spacing
+
+
+def test_exp_within_4_ulp_over_fp32_range(C):
+    x = np.concatenate([np.linspace(-104.0, 88.72, 2_000_003), np.linspace(-2, 2, 100_001),
+                        np.array([-87.3, -100.0, -103.9, 88.7, 88.72, 0.0])]).astype(np.float32)
+    got = C._exp(x)
+    want = np.exp(x.astype(np.float64))
+    err = _ulp_err(got, want)
+    assert err.max() <= 4.0, f"max {err.max():.2f} ulp at x={x[err.argmax()]!r}"
+    specials = np.array([np.inf, -np.inf, np.nan, 89.0, -200.0], np.float32)
+    s = C._exp(specials)
+    assert np.isposinf(s[0]) and s[1] == 0 and np.isnan(s[2]) and np.isposinf(s[3]) and s[4] == 0
+
+
+def test_gelu_erf_within_10_eps_absolute(C):
+    from scipy.special import erf
+    x = np.linspace(-12, 12, 1_000_001).astype(np.float32)
+    x64 = x.astype(np.float64)
+    want = 0.5 * x64 * (1 + erf(x64 / math.sqrt(2)))
+    err = np.abs(C.gelu(x, "none").astype(np.float64) - want) / np.maximum(1.0, np.abs(want))
+    eps = float(np.finfo(np.float32).eps)
+    assert err.max() <= 10 * eps, f"{err.max() / eps:.2f} eps at x={x[err.argmax()]}"
+
+
+def test_gelu_tanh_and_tanh_accuracy(C):
+    x = np.linspace(-20, 20, 1_000_001).astype(np.float32)
+    x64 = x.astype(np.float64)
+    eps = float(np.finfo(np.float32).eps)
+    want = ref.gelu(x64, "tanh")
+    err = np.abs(C.gelu(x, "tanh").astype(np.float64) - want) / np.maximum(1.0, np.abs(want))
+    assert err.max() <= 10 * eps
+    t = C._tanh(x)
+    assert _ulp_err(t, np.tanh(x64)).max() <= 4.0
+    np.testing.assert_array_equal(C._tanh(np.array([np.inf, -np.inf, 0.0], np.float32)), [1.0, -1.0, 0.0])
+
+
+# ---------------------------------------------------------------------------- bfloat16
+def test_bf16_uint16_and_int16_views(C):
+    rng = np.random.default_rng(5)
+    x0 = rng.standard_normal((4, 37)).astype(np.float32)
+    w0 = rng.standard_normal(37).astype(np.float32)
+    xb, wb = bf16_bits(x0), bf16_bits(w0)
+    want = ref.rms_norm(bf16_float(xb), bf16_float(wb), 1e-6)
+    for view in (np.uint16, np.int16):
+        y = C.rms_norm(xb.view(view), wb.view(view), 1e-6, None, dtype="bfloat16")
+        assert y.dtype == view and y.shape == x0.shape
+        check(y.view(np.uint16), want, "bfloat16", 4)
+    with pytest.raises(TypeError, match="bfloat16"):
+        C.rms_norm(xb, wb, 1e-6)  # uint16 without dtype="bfloat16" is refused
+
+
+def test_bf16_matches_torch(C):
+    torch = pytest.importorskip("torch")
+    t = torch.randn(8, 70, dtype=torch.bfloat16)
+    x = t.view(torch.int16).numpy()
+    y = C.silu(x, None, dtype="bfloat16")
+    want = torch.nn.functional.silu(t.float()).to(torch.bfloat16)
+    got = torch.from_numpy(y).view(torch.bfloat16)
+    assert torch.equal(got, want) or (got.float() - want.float()).abs().max() <= 2 ** -7 * want.float().abs().max()
+    # rounding of the bfloat16 store is round-to-nearest-even like torch's
+    v = torch.tensor([1.0 + 2 ** -8, 1.0 + 3 * 2 ** -8, -3.3e38, 1e-40], dtype=torch.float32)
+    bits = C.scale(v.numpy(), np.empty(4, np.uint16), 1.0, dtype="bfloat16")
+    assert bits is False
+
+
+# ---------------------------------------------------------------------------- refusals
+def test_binding_refuses_what_it_cannot_handle(C):
+    x = np.ones((4, 8), np.float32)
+    w = np.ones(8, np.float32)
+    with pytest.raises(TypeError, match="float64"):
+        C.rms_norm(x.astype(np.float64), w.astype(np.float64), 1e-6)
+    with pytest.raises(TypeError, match="numpy.ndarray"):
+        C.silu([[1.0, 2.0]])
+    with pytest.raises(TypeError, match="weight"):
+        C.rms_norm(x, w.astype(np.float16), 1e-6)
+    with pytest.raises(ValueError, match="C-contiguous"):
+        C.silu(np.ones((8, 8), np.float32)[:, ::2])
+    mis = np.frombuffer(bytearray(4 * 33), np.uint8)[1:129].view(np.float32)  # 1-byte offset
+    assert not mis.flags.aligned
+    with pytest.raises(ValueError, match="aligned"):
+        C.silu(mis)
+    ro = np.empty_like(x)
+    ro.flags.writeable = False
+    with pytest.raises(ValueError, match="read-only"):
+        C.silu(x, ro)
+    with pytest.raises(ValueError, match="shape"):
+        C.silu(x, np.empty((4, 9), np.float32))
+    with pytest.raises(TypeError, match="out"):
+        C.silu(x, np.empty((4, 8), np.float16))
+    with pytest.raises(ValueError, match="last axis"):
+        C.rms_norm(x, np.ones(7, np.float32), 1e-6)
+    with pytest.raises(ValueError, match="even"):
+        C.swiglu(np.ones((2, 5), np.float32))
+    with pytest.raises(ValueError, match="approximate"):
+        C.gelu(x, "fast")
+    with pytest.raises(ValueError, match="cos"):
+        C.rope(x, np.ones((3, 6), np.float32), np.ones((3, 6), np.float32))
+    with pytest.raises(TypeError, match="cos"):
+        C.rope(x, np.ones((3, 8), np.float64), np.ones((3, 8), np.float64))
+    with pytest.raises(ValueError, match="dtype"):
+        C.silu(x, dtype="int8")
+    with pytest.raises(ValueError, match="rsigma"):
+        C.rms_norm(x, w, 1e-6, rsigma=np.empty(3, np.float32))
+
+
+# ---------------------------------------------------------------------------- threads
+def test_threads_give_identical_results(C):
+    x = np.random.default_rng(9).standard_normal((512, 1000)).astype(np.float32)
+    w = np.ones(1000, np.float32)
+    nt = C.get_num_threads()
+    try:
+        C.set_num_threads(1)
+        one = [C.rms_norm(x, w, 1e-6), C.silu(x), C.softmax(x), C.l2norm_sq(x)]
+        C.set_num_threads(2)
+        two = [C.rms_norm(x, w, 1e-6), C.silu(x), C.softmax(x), C.l2norm_sq(x)]
+    finally:
+        C.set_num_threads(nt)
+    for a, b in zip(one[:3], two[:3]):
+        np.testing.assert_array_equal(a, b)
+    assert one[3] == pytest.approx(two[3], rel=1e-12)
+    with pytest.raises(ValueError):
+        C.set_num_threads(0)
+
+
+def test_concurrent_python_threads(C):
+    """The GIL is released in kernels: several Python threads may call at once."""
+    x = np.random.default_rng(10).standard_normal((256, 512)).astype(np.float32)
+    want = C.silu(x)
+    errors = []
+
+    def work():
+        for _ in range(20):
+            if not np.array_equal(C.silu(x), want):
+                errors.append("mismatch")
+
+    ts = [threading.Thread(target=work) for _ in range(4)]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join()
+    assert not errors
+
+
+# ---------------------------------------------------------------------------- tex kernels
+@pytest.mark.parametrize("dt", DTYPES)
+@pytest.mark.parametrize("zc", [False, True], ids=["gamma", "zero_centered"])
+def test_norm_stats_and_backward(C, dt, zc):
+    rng = np.random.default_rng(11)
+    rows, n = 6, 45
+    x, xv, kw = as_dtype(rng.standard_normal((rows, n)) * 1.5 + 0.3, dt)
+    g, gv, _ = as_dtype(rng.standard_normal(n) * 0.5, dt)
+    b, bv, _ = as_dtype(rng.standard_normal(n), dt)
+    dz, dzv, _ = as_dtype(rng.standard_normal((rows, n)), dt)
+    ge = gv + 1.0 if zc else gv
+
+    rs = np.empty(rows, np.float32)
+    y = C.rms_norm(x, g, 1e-5, None, rsigma=rs, zero_centered_gamma=zc, **kw)
+    want_rs = 1.0 / np.sqrt((xv * xv).mean(-1) + 1e-5)
+    np.testing.assert_allclose(rs, want_rs, rtol=2e-6)
+    check(y, xv * want_rs[:, None] * ge, dt, 4)
+    # backward of y = x * rs * g'
+    xh = xv * want_rs[:, None]
+    dy = dzv * ge
+    dx_want = want_rs[:, None] * (dy - xh * (dy * xh).mean(-1, keepdims=True))
+    dx, dg = C.rms_norm_bwd(dz, x, rs, g, None, None, zc, **kw)
+    check(dx, dx_want, dt, 4)
+    check(dg, (dzv * xh).sum(0), dt, 8)
+
+    mu, rs2 = np.empty(rows, np.float32), np.empty(rows, np.float32)
+    y = C.layer_norm(x, g, b, 1e-5, None, mu=mu, rsigma=rs2, zero_centered_gamma=zc, **kw)
+    want_mu = xv.mean(-1)
+    want_rs2 = 1.0 / np.sqrt(xv.var(-1) + 1e-5)
+    np.testing.assert_allclose(mu, want_mu, rtol=2e-6, atol=2e-7)
+    np.testing.assert_allclose(rs2, want_rs2, rtol=2e-6)
+    xh = (xv - want_mu[:, None]) * want_rs2[:, None]
+    check(y, xh * ge + bv, dt, 4)
+    dx_want = want_rs2[:, None] * (dy - dy.mean(-1, keepdims=True) - xh * (dy * xh).mean(-1, keepdims=True))
+    dx, dg, db = C.layer_norm_bwd(dz, x, mu, rs2, g, None, None, None, zc, **kw)
+    check(dx, dx_want, dt, 4)
+    check(dg, (dzv * xh).sum(0), dt, 8)
+    check(db, dzv.sum(0), dt, 8)
+
+
+def test_norm_backward_many_rows_threads(C):
+    """dgamma partials per thread reduce to the same sums as a float64 reference."""
+    rng = np.random.default_rng(12)
+    rows, n = 3000, 96
+    x = rng.standard_normal((rows, n)).astype(np.float32)
+    g = rng.standard_normal(n).astype(np.float32)
+    dz = rng.standard_normal((rows, n)).astype(np.float32)
+    rs = np.empty(rows, np.float32)
+    C.rms_norm(x, g, 1e-6, None, rsigma=rs)
+    dx, dg = C.rms_norm_bwd(dz, x, rs, g)
+    xh = x.astype(np.float64) * rs[:, None]
+    np.testing.assert_allclose(dg, (dz * xh).sum(0), rtol=1e-5, atol=1e-4)
+
+
+def _adam_ref(g, p, m, v, lr, b1, b2, eps, bc1, bc2, mode, wd):
+    # the kernel takes its hyper-parameters as float32: use the same values
+    lr, b1, b2, eps, bc1, bc2, wd = (float(np.float32(a)) for a in (lr, b1, b2, eps, bc1, bc2, wd))
+    g, p, m, v = (np.asarray(a, np.float64).copy() for a in (g, p, m, v))
+    if mode == 0:
+        g = g + wd * p
+    m = b1 * m + (1 - b1) * g
+    v = b2 * v + (1 - b2) * g * g
+    upd = (m / bc1) / (np.sqrt(v / bc2) + eps)
+    p = p - lr * (upd + wd * p) if mode == 1 else p - lr * upd
+    return p, m, v
+
+
+@pytest.mark.parametrize("gdt", DTYPES)
+@pytest.mark.parametrize("mode", [0, 1], ids=["L2", "AdamW"])
+def test_adam_step(C, gdt, mode):
+    rng = np.random.default_rng(13)
+    n = 1000 + 7
+    g, gv, kw = as_dtype(rng.standard_normal(n), gdt)
+    p = rng.standard_normal(n).astype(np.float32)
+    m = rng.standard_normal(n).astype(np.float32) * 0.1
+    v = rng.random(n).astype(np.float32) * 0.01
+    args = (3e-3, 0.9, 0.999, 1e-8, 1 - 0.9 ** 3, 1 - 0.999 ** 3, mode, 0.01)
+    pw, mw, vw = _adam_ref(gv, p, m, v, *args)
+    C.adam_step(g, p, m, v, *args, **kw)
+    np.testing.assert_allclose(p, pw, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(m, mw, rtol=1e-5, atol=1e-7)
+    np.testing.assert_allclose(v, vw, rtol=1e-5, atol=1e-9)
+
+
+@pytest.mark.parametrize("pdt", ["float16", "bfloat16"])
+def test_adam_step_master_weights(C, pdt):
+    rng = np.random.default_rng(14)
+    n = 333
+    master = rng.standard_normal(n).astype(np.float32)
+    p, _, kw = as_dtype(master, pdt)
+    g = rng.standard_normal(n).astype(np.float32)
+    m, v = np.zeros(n, np.float32), np.zeros(n, np.float32)
+    args = (1e-2, 0.9, 0.999, 1e-8, 0.1, 0.001, 1, 0.0)
+    pw, _, _ = _adam_ref(g, master, m, v, *args)
+    C.adam_step(g, p, m, v, *args, master=master, **kw)
+    np.testing.assert_allclose(master, pw, rtol=1e-5, atol=1e-6)
+    check(p, pw.astype(np.float32), pdt)
+    with pytest.raises(TypeError, match="master"):
+        C.adam_step(g, p, m, v, *args, **kw)  # 16-bit params need a master copy
+
+
+@pytest.mark.parametrize("idt", DTYPES)
+@pytest.mark.parametrize("odt", DTYPES)
+def test_scale_and_nonfinite_flag(C, idt, odt):
+    rng = np.random.default_rng(15)
+    x0 = rng.standard_normal(1029)
+    x, xv, kw = as_dtype(x0, idt)
+    out, _, kw2 = as_dtype(np.zeros(1029), odt)
+    kw.update(kw2)
+    assert C.scale(x, out, 0.5, **kw) is False
+    check(out, xv * 0.5, odt)
+    for bad in (np.inf, -np.inf, np.nan):
+        x1 = x0.copy()
+        x1[1017] = bad
+        xb, _, _ = as_dtype(x1, idt)
+        assert C.scale(xb, out, 2.0, **kw) is True
+
+
+def test_scale_in_place(C):
+    x = np.arange(10, dtype=np.float32)
+    assert C.scale(x, x, 3.0) is False
+    np.testing.assert_array_equal(x, np.arange(10) * 3.0)
+    with pytest.raises(ValueError, match="overlap"):
+        C.scale(x[:8], x[2:], 1.0)
+
+
+@pytest.mark.parametrize("dt", DTYPES)
+def test_l2norm_sq(C, dt):
+    rng = np.random.default_rng(16)
+    x, xv, kw = as_dtype(rng.standard_normal(300_001), dt)
+    assert C.l2norm_sq(x, **kw) == pytest.approx(float((xv * xv).sum()), rel=1e-6)
+    x1, _, _ = as_dtype(np.array([1.0, np.inf, 2.0]), dt)
+    assert math.isinf(C.l2norm_sq(x1, **kw))
+
+
+# ---------------------------------------------------------------------------- backend module
+def test_get_optimization_info(C):
+    from tensor_ops.backends import cpp
+    info = cpp.get_optimization_info()
+    assert info["available"] is True
+    assert info["selected_isa"] in info["compiled_variants"]
+    assert "scalar" in info["compiled_variants"]
+    assert info["num_threads"] >= 1 and isinstance(info["openmp"], bool)
+    assert info["compiler"] and "common" in info["flags"]
+    if info["selected_isa"] == "avx2":
+        assert "-mavx2" in info["flags"]["avx2"] or "/arch:AVX2" in info["flags"]["avx2"]
+    assert "-march=native" not in " ".join(info["flags"].values())
+    assert cpp.info()["selected_isa"] == info["selected_isa"]
+
+
+def test_registered_impls_call_native_functions(C):
+    from tensor_ops.backends import cpp
+    from tensor_ops._registry import OpRegistry
+    reg = OpRegistry()
+    cpp.register(reg)
+    impls = {i.op_name: i for i in reg.all_impls()}
+    assert set(impls) == set(cpp.OPS)
+    assert cpp.availability()[0]
+    assert impls["rms_norm"].fn is C.rms_norm  # bound directly: no Python wrapper per call
+    x = np.ones((2, 8), np.float32)
+    assert impls["silu"].supports(x, None)
+    assert not impls["silu"].supports(x.astype(np.float64), None)
+    assert not impls["silu"].supports([[1.0]], None)
+
+
+def _run_py(code: str, **env):
+    e = dict(os.environ)
+    e.update(env)
+    e["PYTHONPATH"] = ROOT + os.pathsep + e.get("PYTHONPATH", "")
+    return subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True,
+                          env=e, cwd=ROOT, timeout=600)
+
+
+def test_register_loads_no_native_code():
+    r = _run_py("""
+        import sys
+        from tensor_ops.backends import cpp
+        from tensor_ops._registry import OpRegistry
+        cpp.register(OpRegistry())
+        assert 'tensor_ops._cpp' not in sys.modules, 'native module loaded by register()'
+        assert not any(m in sys.modules for m in ('torch', 'cupy', 'pyopencl'))
+        print('ok')
+    """)
+    assert r.returncode == 0 and "ok" in r.stdout, r.stderr
+
+
+def test_omp_num_threads_is_respected(C):
+    r = _run_py("import tensor_ops._cpp as C; print(C.get_num_threads())", OMP_NUM_THREADS="1")
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip() == "1"
+
+
+def test_bad_max_isa_is_reported():
+    r = _run_py("""
+        from tensor_ops.backends import cpp
+        ok, reason = cpp.availability()
+        print(ok, reason)
+    """, TENSOR_OPS_MAX_ISA="sse9")
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.startswith("False") and "TENSOR_OPS_MAX_ISA" in r.stdout
+
+
+@pytest.mark.parametrize("isa", ["scalar", "avx2", "avx512"])
+def test_isa_variant_in_subprocess(C, isa):
+    """Run this file's kernel tests with the ISA capped (each variant must be exact)."""
+    info = C.build_info()
+    if isa not in info["compiled_variants"]:
+        pytest.skip(f"variant {isa} not compiled here (compiled: {info['compiled_variants']})")
+    if isa == "avx2" and not info["cpu_supports"]["avx2_fma_f16c"]:
+        pytest.skip("this CPU has no AVX2+FMA+F16C")
+    if isa == "avx512" and not info["cpu_supports"]["avx512_f_bw_dq_vl"]:
+        pytest.skip("this CPU has no AVX-512 F/BW/DQ/VL")
+    if os.environ.get("TENSOR_OPS_EXPECT_ISA"):
+        pytest.skip("already inside an ISA subprocess")
+    env = dict(os.environ, TENSOR_OPS_MAX_ISA=isa, TENSOR_OPS_EXPECT_ISA=isa)
+    env["PYTHONPATH"] = ROOT + os.pathsep + env.get("PYTHONPATH", "")
+    r = subprocess.run([sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", __file__,
+                        "-k", "not subprocess and not very_long_row and not omp_num_threads and not bad_max_isa "
+                              "and not loads_no_native"],
+                       capture_output=True, text=True, env=env, cwd=ROOT, timeout=900)
+    assert r.returncode == 0, r.stdout[-4000:] + r.stderr[-2000:]
+
+
+def test_expected_isa_selected(C):
+    want = os.environ.get("TENSOR_OPS_EXPECT_ISA")
+    if not want:
+        pytest.skip("only meaningful inside test_isa_variant_in_subprocess")
+    assert C.ISA == want
+
+
+def test_stub_lists_the_module_api(C):
+    import re
+    stub = os.path.join(ROOT, "tensor_ops", "_cpp.pyi")
+    src = os.path.join(ROOT, "cpp_ext", "_cpp.pyi")
+    with open(stub) as a, open(src) as b:
+        text = a.read()
+        assert text == b.read(), "tensor_ops/_cpp.pyi and cpp_ext/_cpp.pyi differ"
+    declared = set(re.findall(r"^def (\w+)\(", text, re.M)) | set(re.findall(r"^(\w+): ", text, re.M))
+    public = {n for n in dir(C) if not n.startswith("__")}
+    assert public <= declared, f"missing from the stub: {sorted(public - declared)}"
