@@ -222,6 +222,15 @@ Arr get(const py::handle& h, const char* name, bool bf16, int want_dt = -1, bool
         throw py::type_error(std::string(name) + " has dtype " + got + "; accepted: " + acc +
                              ". float64 is served by the numpy backend");
     }
+    const char bo = py::detail::array_descriptor_proxy(p->descr)->byteorder;
+#if defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_BIG_ENDIAN__
+    const char foreign = '<';
+#else
+    const char foreign = '>';
+#endif
+    if (bo == foreign)
+        throw py::value_error(std::string(name) + " has non-native byte order; pass " + name +
+                              ".astype(" + name + ".dtype.newbyteorder('='))");
     if (!(p->flags & F_C))
         throw py::value_error(std::string(name) + " must be C-contiguous; pass np.ascontiguousarray(" + name + ")");
     if (!(p->flags & F_ALIGNED))

@@ -1,7 +1,7 @@
 /* rms_norm and layer_norm: one work-group per row, local-memory reduction.
  * Row r of x/y starts at r*n; 8 elements per step (LD8/ST8: float4 accesses, float8 math;
  * vload4 in the unaligned variant needs element alignment only), scalar tail for n % 8.
- * The row is read two or three times; the rereads come from cache. */
+ * The row is read twice; the reread comes from cache. */
 
 KERNEL void KN(rms_norm)(__global const T *restrict x, __global const T *restrict w,
                          __global T *restrict y, const int n, const float eps)
@@ -31,8 +31,8 @@ KERNEL void KN(rms_norm)(__global const T *restrict x, __global const T *restric
     NT_FENCE();
 }
 
-/* Biased variance, two passes over the row (mean, then squared deviations) so large
- * means do not cancel. has_bias == 0: b is ignored (the host passes any buffer). */
+/* Biased variance from one pass of shifted moments (see below), then the write pass.
+ * has_bias == 0: b is ignored (the host passes any buffer). */
 KERNEL void KN(layer_norm)(__global const T *restrict x, __global const T *restrict w,
                            __global const T *restrict b, __global T *restrict y,
                            const int n, const float eps, const int has_bias)
@@ -44,34 +44,74 @@ KERNEL void KN(layer_norm)(__global const T *restrict x, __global const T *restr
     __global T *yr = y + base;
     const int n8 = n >> 3;
 
-    float acc = 0.0f;
-    FOR_ROW(i, n8)
-        acc += hsum8(LD8(i, xr));
-    for (int i = (n8 << 3) + lid; i < n; i += LWS)
-        acc += LD1(i, xr);
-    const float mean = block_sum(acc, scratch) / (float)n;
-
-    acc = 0.0f;
-    FOR_ROW(i, n8) {
-        const float8 d = LD8(i, xr) - mean;
-        acc += hsum8(d * d);
+    /* One pass over the row for both moments, shifted by the row's first element so a
+     * large mean does not cancel: var = E[(x-K)^2] - E[x-K]^2 with |E[x-K]| ~ one sigma.
+     * The output is computed as (x*sc - mean) * inv, with sc = 1 unless the moments
+     * overflowed on finite input (|x| near FLT_MAX): then they are recomputed for x/max|x|.
+     * That branch is uniform over the work-group (every item holds the same reduced
+     * values), so its barriers are reached by all items or none. */
+    float k = LD1(0, xr);
+    k = isfinite(k) ? k : 0.0f;          /* an inf/NaN row must still come out NaN */
+    float sc = 1.0f, eps_s = eps, mean, var;
+    {
+        float8 s1 = 0.0f, s2 = 0.0f;
+        FOR_ROW(i, n8) {
+            const float8 d = LD8(i, xr) - k;
+            s1 += d;
+            s2 += d * d;
+        }
+        float a1 = hsum8(s1), a2 = hsum8(s2);
+        for (int i = (n8 << 3) + lid; i < n; i += LWS) {
+            const float d = LD1(i, xr) - k;
+            a1 += d;
+            a2 += d * d;
+        }
+        const float m1 = block_sum(a1, scratch) / (float)n;
+        mean = k + m1;
+        var = block_sum(a2, scratch) / (float)n - m1 * m1;
     }
-    for (int i = (n8 << 3) + lid; i < n; i += LWS) {
-        const float d = LD1(i, xr) - mean;
-        acc += d * d;
+    if (!(isfinite(mean) && isfinite(var))) {
+        float8 mx = 0.0f;
+        FOR_ROW(i, n8)
+            mx = nmax8(mx, as_float8(as_int8(LD8(i, xr)) & (int8)(0x7fffffff)));
+        float amax = hmax8(mx);
+        for (int i = (n8 << 3) + lid; i < n; i += LWS)
+            amax = nmax1(amax, fabs(LD1(i, xr)));
+        amax = block_max(amax, scratch);
+        if (isfinite(amax) && amax > 0.0f) {   /* finite row: rescale; else NaN stays */
+            sc = 1.0f / amax;
+            eps_s = eps * sc * sc;
+            const float ks = k * sc;
+            float8 s1 = 0.0f, s2 = 0.0f;
+            FOR_ROW(i, n8) {
+                const float8 d = LD8(i, xr) * sc - ks;
+                s1 += d;
+                s2 += d * d;
+            }
+            float a1 = hsum8(s1), a2 = hsum8(s2);
+            for (int i = (n8 << 3) + lid; i < n; i += LWS) {
+                const float d = LD1(i, xr) * sc - ks;
+                a1 += d;
+                a2 += d * d;
+            }
+            const float m1 = block_sum(a1, scratch) / (float)n;
+            mean = ks + m1;
+            var = block_sum(a2, scratch) / (float)n - m1 * m1;
+        }
     }
-    const float inv = rsqrt(block_sum(acc, scratch) / (float)n + eps);
+    var = var < 0.0f ? 0.0f : var;       /* rounding; NaN passes (fmax would drop it) */
+    const float inv = rsqrt(var + eps_s);
 
     if (has_bias) {
         FOR_ROW(i, n8)
-            ST8((LD8(i, xr) - mean) * inv * LD8(i, w) + LD8(i, b), i, yr);
+            ST8((LD8(i, xr) * sc - mean) * inv * LD8(i, w) + LD8(i, b), i, yr);
         for (int i = (n8 << 3) + lid; i < n; i += LWS)
-            ST1((LD1(i, xr) - mean) * inv * LD1(i, w) + LD1(i, b), i, yr);
+            ST1((LD1(i, xr) * sc - mean) * inv * LD1(i, w) + LD1(i, b), i, yr);
     } else {
         FOR_ROW(i, n8)
-            ST8((LD8(i, xr) - mean) * inv * LD8(i, w), i, yr);
+            ST8((LD8(i, xr) * sc - mean) * inv * LD8(i, w), i, yr);
         for (int i = (n8 << 3) + lid; i < n; i += LWS)
-            ST1((LD1(i, xr) - mean) * inv * LD1(i, w), i, yr);
+            ST1((LD1(i, xr) * sc - mean) * inv * LD1(i, w), i, yr);
     }
     NT_FENCE();
 }

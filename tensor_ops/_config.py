@@ -156,10 +156,17 @@ def validate_tuning(tuning: Any, where: str, names: Iterable[str]) -> dict:
         return {}
     if not isinstance(tuning, dict):
         raise ConfigError(f"{where} must be an object, got {tuning!r}")
-    unknown = set(tuning) - {"fingerprint", "created", "ops", "copy_gbps", "source"}
+    unknown = set(tuning) - {"fingerprint", "created", "ops", "copy_gbps", "source", "excluded"}
     if unknown:
         raise ConfigError(f"{where}: unknown keys {sorted(unknown)}; accepted: "
-                          f"['copy_gbps', 'created', 'fingerprint', 'ops', 'source']")
+                          f"['copy_gbps', 'created', 'excluded', 'fingerprint', 'ops', 'source']")
+    excluded = tuning.get("excluded", {})
+    if not isinstance(excluded, dict) or not all(
+            isinstance(d, dict) and all(isinstance(k, str) and isinstance(v, str) for k, v in d.items())
+            for d in excluded.values()):
+        raise ConfigError(f"{where}.excluded must be {{op: {{impl_id: reason}}}}, got {excluded!r}")
+    for op in excluded:
+        check_op(op, f"{where}.excluded")
     fp = tuning.get("fingerprint")
     if not isinstance(fp, dict):
         raise ConfigError(f"{where}.fingerprint must be an object describing the machine, got {fp!r}")

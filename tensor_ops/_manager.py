@@ -183,7 +183,7 @@ class OpManager:
         api = api or default_api(op)
         s = self.settings
         bucket = s.bucket(op, dtype_name, nbytes) if s is not None and s.tuning_ops else -1
-        key = (op, api, override, bucket)
+        key = (op, api, override, bucket, dtype_name if bucket >= 0 else None)
         res = self._cache.get(key)
         if res is None:
             with self._lock:
@@ -256,6 +256,9 @@ class OpManager:
     def _exclusion(self, impl: OpImpl) -> str:
         s = self.settings
         if s is not None:
+            why = s.tuning_excluded.get(impl.op_name, {}).get(impl.impl_id) if impl.api == "facade" else None
+            if why:
+                return f"excluded by detect_and_benchmark validation: {why}"
             for name in (impl.backend, (impl.vendor or "").lower()):
                 if name and name in s.disabled:
                     return f"disabled by {s.disabled[name]}"

@@ -131,6 +131,7 @@ class Settings:
     log_source: str = "default"
     tuning_ops: dict = field(default_factory=dict)      # op -> {dtype name: (thresholds, orders)}
     tuning_status: str = "no tuning table"
+    tuning_excluded: dict = field(default_factory=dict)  # op -> {impl_id: reason} (failed validation)
 
     def order_for(self, op: str, dtype_name: Optional[str] = None, nbytes: int = 0) -> tuple[list, str, bool]:
         """(tokens, source, forced) for ``op`` below the runtime overrides."""
@@ -148,7 +149,11 @@ class Settings:
             return f.per_op[op], f"{where} 'per_op.{op}'", False
         tuned = self.tuned_order(op, dtype_name, nbytes)
         if tuned is not None:
-            return tuned, f"{where} 'tuning' ({op}, {dtype_name}, {nbytes} bytes)", False
+            thresholds = self.tuning_ops[op][dtype_name][0]
+            i = bisect.bisect_left(thresholds, nbytes)
+            span = (f"<= {thresholds[i]} bytes" if i < len(thresholds)
+                    else f"> {thresholds[-1]} bytes" if thresholds else "all sizes")
+            return tuned, f"{where} 'tuning' ({op}, {dtype_name}, {span})", False
         if f.priority:
             return f.priority, f"{where} 'priority'", False
         return DEFAULT_ORDER, "built-in default", False
@@ -266,5 +271,6 @@ def build_settings(environ=os.environ, extra_names: Iterable[str] = ()) -> Setti
                     dt: ([b["max_bytes"] for b in buckets[:-1]], [b["order"] for b in buckets])
                     for dt, buckets in per_dtype.items()
                 }
+            s.tuning_excluded = {op: dict(d) for op, d in tuning.get("excluded", {}).items()}
             s.tuning_status = f"in use: fingerprint matches ({len(s.tuning_ops)} ops tuned)"
     return s

@@ -103,7 +103,8 @@ def build_tuning(results: list, validation: dict, copy_gbps: Optional[float], so
     return {"fingerprint": fingerprint(detected),
             "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
             "copy_gbps": round(float(copy_gbps), 3) if copy_gbps else 0.0,
-            "source": src[:4000], "ops": ops}
+            "source": src[:4000], "ops": ops,
+            **({"excluded": excluded} if excluded else {})}
 
 
 def _buckets(op: str, dt: str, rows: list, excluded: dict) -> list:

@@ -234,6 +234,16 @@ def test_fp16_nan_inf(C):
     assert np.isnan(sm[:2]).all() and np.isfinite(sm[2]).all()
 
 
+def test_softmax_masked_entries_are_exact_zeros(C):
+    for dt in (np.float32, np.float16):
+        x = np.array([[0.0, -np.inf, 1.0, -np.inf] * 5], dt)
+        y = C.softmax(x)
+        assert (y[0, 1::2] == 0).all()
+        np.testing.assert_allclose(y[0, 0::2], ref.softmax(x.astype(np.float64))[0, 0::2], rtol=1e-3)
+    big = np.array([[-100.0, 100.0, -1e30, 1e30]], np.float32)
+    np.testing.assert_array_equal(C.silu(big), np.array([[-0.0, 100.0, -0.0, 1e30]], np.float32))
+
+
 def test_fp16_overflow_to_inf_and_subnormals(C):
     with np.errstate(over="ignore"):
         xh = np.array([[70000.0, -70000.0, 1e-6, -3e-7, 6e-5]], np.float32).astype(np.float16)
@@ -354,6 +364,8 @@ def test_binding_refuses_what_it_cannot_handle(C):
         C.rope(x, np.ones((3, 8), np.float64), np.ones((3, 8), np.float64))
     with pytest.raises(ValueError, match="dtype"):
         C.silu(x, dtype="int8")
+    with pytest.raises(ValueError, match="byte order"):
+        C.silu(x.astype(">f4"))
     with pytest.raises(ValueError, match="rsigma"):
         C.rms_norm(x, w, 1e-6, rsigma=np.empty(3, np.float32))
 
@@ -558,6 +570,7 @@ def test_registered_impls_call_native_functions(C):
     x = np.ones((2, 8), np.float32)
     assert impls["silu"].supports(x, None)
     assert not impls["silu"].supports(x.astype(np.float64), None)
+    assert not impls["silu"].supports(x.astype(">f4"), None)
     assert not impls["silu"].supports([[1.0]], None)
 
 

@@ -149,9 +149,6 @@ def test_resolver_follows_the_written_table(quick_run, monkeypatch, no_env_overr
                 lo = nb
 
 
-@pytest.mark.xfail(reason="OpManager.resolve caches by (op, api, override, bucket index) without the dtype, "
-                          "so float16 and float32 share a resolution when their bucket indexes coincide",
-                   strict=False)
 def test_tuned_resolution_is_cached_per_dtype(isolated_config, no_env_overrides):
     table = {"fingerprint": _policy.machine_fingerprint(), "created": "test", "copy_gbps": 1.0, "source": "test",
              "ops": {"relu": {"float32": [{"max_bytes": None, "order": ["numpy"]}],

@@ -419,3 +419,21 @@ def test_softmax_row_with_nan_is_all_nan(cl_ok):
         y = ocl.softmax(x.astype(dt), None).astype(np.float64)
         assert np.isnan(y[0]).all() and not np.isnan(y[1]).any()
         _check(y[1:], ref.softmax(x[1:]), x[1:].astype(dt), "softmax")
+
+
+def test_layer_norm_special_rows(cl_ok):
+    """Huge finite values (squares overflow fp32) are rescaled; inf/NaN rows give NaN."""
+    big = np.finfo(np.float32).max
+    x = np.array([[big, 0.5, -1.0, 2.0], [big, big / 2, -big, 1.0], [np.inf, 1.0, 2.0, 3.0],
+                  [np.nan, 1.0, 2.0, 3.0], [1e4 + 1, 1e4 - 1, 1e4 + 2, 1e4 - 2],
+                  [3.0, 3.0, 3.0, 3.0]], np.float32)
+    w = np.array([1.0, 0.5, 2.0, -1.0], np.float32)
+    b = np.array([0.1, 0.2, 0.3, 0.4], np.float32)
+    for cols in (4, 12):     # 12: a float8 step plus a scalar tail
+        xx = np.ascontiguousarray(np.tile(x, (1, cols // 4)))
+        ww, bb = np.tile(w, cols // 4), np.tile(b, cols // 4)
+        y = ocl.layer_norm(xx, ww, bb, 1e-5, None).astype(np.float64)
+        with np.errstate(invalid="ignore", over="ignore"):
+            want = ref.layer_norm(xx, ww, bb, 1e-5)
+        assert np.isnan(y[2:4]).all()
+        np.testing.assert_allclose(y[[0, 1, 4, 5]], want[[0, 1, 4, 5]], rtol=1e-5, atol=1e-4)

@@ -349,3 +349,21 @@ def test_device_backend_takes_host_arrays_only_when_named(isolated_config):
         assert to.relu(X, backend="vendor")[0, 0] == 1        # a kind token does not name it
     finally:
         reg.unregister_impl("relu", "vendor.gpu", "facade")
+
+
+def test_tuning_exclusions_are_honoured(isolated_config):
+    import json
+    from tensor_ops._policy import machine_fingerprint
+    reg = to.get_registry()
+    reg.register_impl(_impl("relu", "vendor.wrong", priority=999, fn=lambda x, out: np.full_like(x, 5)))
+    try:
+        assert to.relu(X, backend="vendor")[0, 0] == 5
+        isolated_config.write_text(json.dumps({"schema_version": 1, "tuning": {
+            "fingerprint": machine_fingerprint(), "ops": {},
+            "excluded": {"relu": {"vendor.wrong": "wrong numerics vs fp64 reference"}}}}))
+        to.reload_config()
+        assert to.relu(X, backend="vendor,numpy")[0, 0] == 1
+        why = to.get_manager().resolve("relu", "vendor,numpy", "facade").excluded["vendor.wrong"]
+        assert "wrong numerics" in why
+    finally:
+        reg.unregister_impl("relu", "vendor.wrong", "facade")

@@ -190,3 +190,19 @@ def test_multi_tensor_bad_input():
         tex.multi_tensor_sgd(65536, noop, [p, p, p], 0.0, 0.9, 0.0, 0.1, False, True, False)
     with pytest.raises(ValueError, match="one device"):
         tex.multi_tensor_scale(65536, noop, [[torch.zeros(2, device="meta")], [torch.zeros(2)]], 1.0)
+
+
+@pytest.mark.parametrize("backend", T.backends_for("multi_tensor_scale"))
+def test_scale_in_place_and_aliasing(backend):
+    a = T.rand((64,), torch.float32, seed=1)
+    ref = a.double() * 3
+    noop = torch.zeros(1, dtype=torch.int32)
+    with T.forced(backend):
+        tex.multi_tensor_scale(65536, noop, [[a], [a]], 3.0)  # exact in place
+    T.assert_close(a, ref)
+    buf = T.rand((65,), torch.float32, seed=2)
+    src, dst = buf[1:], buf[:-1]  # overlapping views of one storage
+    exp = src.double() * 0.5
+    with T.forced(backend):
+        tex.multi_tensor_scale(65536, noop, [[src], [dst]], 0.5)
+    T.assert_close(dst, exp)

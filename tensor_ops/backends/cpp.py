@@ -127,18 +127,23 @@ def _stub(op: str):
 
 
 def _supports(x, *rest) -> bool:
-    # Host NumPy arrays of float32/float16 only (float64 goes to the reference); the facade
-    # already made them 2-D and C-contiguous.
-    return type(x) is _ndarray and x.dtype in _DTYPES
+    # Host NumPy arrays of native float32/float16 only (float64 goes to the reference); the
+    # facade already made them 2-D and C-contiguous. Identity first: the builtin dtype
+    # singletons are what nearly every array carries, and `is` costs nothing.
+    if type(x) is not _ndarray:
+        return False
+    d = x.dtype
+    return d is _F32 or d is _F16 or d in _DTYPES
 
 
 def register(registry) -> None:
     """Register one ``default.cpp`` OpImpl per facade op (loads no native code)."""
-    global _ndarray, _DTYPES
+    global _ndarray, _DTYPES, _F32, _F16
     import numpy as np
     from tensor_ops._registry import BackendImplKind, OpImpl
     _ndarray = np.ndarray
-    _DTYPES = frozenset((np.dtype(np.float32), np.dtype(np.float16)))
+    _F32, _F16 = np.dtype(np.float32), np.dtype(np.float16)
+    _DTYPES = frozenset((_F32, _F16))
     for op in OPS:
         fn = getattr(_MOD, op) if (_AVAIL is not None and _AVAIL[0]) else _stub(op)
         impl = OpImpl(op_name=op, impl_id=f"default.{NAME}", kind=BackendImplKind.DEFAULT, fn=fn,
@@ -148,6 +153,8 @@ def register(registry) -> None:
 
 
 _ndarray: Any = None
+_F32: Any = None
+_F16: Any = None
 _DTYPES: frozenset = frozenset()
 
 

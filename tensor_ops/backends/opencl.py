@@ -8,8 +8,12 @@ device, driver version, source hash and build options, each file carrying a SHA-
 payload so a corrupt entry is detected, deleted and rebuilt, never loaded.
 
 fp16 is storage only (core ``vload_half``/``vstore_half``, fp32 math), so it works on every
-device; ``cl_khr_fp16`` is reported but not needed. Importing this module imports neither
-NumPy's friends nor pyopencl; ``availability()`` does, once.
+device; ``cl_khr_fp16`` is reported but not needed. Each kernel exists in four storage
+variants (``opencl_ext/dtype.cl``); the host picks one per call from dtype, alignment and
+size. Host arrays on CPU devices are wrapped with ``USE_HOST_PTR`` (no copies); on other
+devices they go through a small pool of device buffers keyed by size. ``pyopencl.array``
+inputs stay on their device, on their own queue, and come back as pyopencl arrays.
+Importing this module imports NumPy only; pyopencl is imported by ``availability()``.
 """
 from __future__ import annotations
 
@@ -294,19 +298,22 @@ class _Device:
         if _FAULT == "oom":
             raise cl.MemoryError(f"clCreateBuffer failed: MEM_OBJECT_ALLOCATION_FAILURE "
                                  f"(injected, {nbytes} bytes)")
-        lst = self.pool.get(nbytes)
-        if lst:
-            self.pool_bytes -= nbytes
-            return lst.pop()
+        with _LOCK:
+            lst = self.pool.get(nbytes)
+            if lst:
+                self.pool_bytes -= nbytes
+                return lst.pop()
         return cl.Buffer(self.ctx, cl.mem_flags.READ_WRITE, size=max(nbytes, 1))
 
     def release(self, buf, nbytes: int):
-        if self.pool_bytes + nbytes > self.pool_limit:
-            self.pool.clear()
-            self.pool_bytes = 0
-        if nbytes <= self.pool_limit:
-            self.pool.setdefault(nbytes, []).append(buf)
-            self.pool_bytes += nbytes
+        """Keep ``buf`` for the next call of the same size (the pool holds <= 256 MiB)."""
+        with _LOCK:
+            if self.pool_bytes + nbytes > self.pool_limit:
+                self.pool.clear()
+                self.pool_bytes = 0
+            if nbytes <= self.pool_limit:
+                self.pool.setdefault(nbytes, []).append(buf)
+                self.pool_bytes += nbytes
 
 
 def _state() -> _Device:

@@ -206,8 +206,14 @@ def multi_tensor_adam(chunk_size, noop_flag, tensor_lists, lr, beta1, beta2, eps
 
 
 def _sup_scale(chunk, noop, lists, scale):
-    return all(_plain(i) and _plain(o) and _no_fp16_bf16_mix(i, o) and i.data_ptr() != o.data_ptr() or
-               (_plain(i) and i is o) for i, o in zip(*lists))
+    for i, o in zip(*lists):
+        if not (_plain(i) and _plain(o) and _no_fp16_bf16_mix(i, o)):
+            return False
+        if i is not o and i.untyped_storage().data_ptr() == o.untyped_storage().data_ptr():
+            return False  # the kernel takes exact in-place only; other aliasing goes to the reference
+        if i is o and i.dtype is not o.dtype:
+            return False
+    return True
 
 
 def multi_tensor_scale(chunk_size, noop_flag, tensor_lists, scale):
