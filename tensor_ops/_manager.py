@@ -240,7 +240,7 @@ class OpManager:
                 if not any(_match(i, tok) for i in self.registry.all_impls()) and tok not in self._names():
                     raise BackendUnavailableError(f"backend {tok!r} was forced ({source}) but nothing by that name is registered")
                 note = f"{tok!r} has no {op!r}; served by the fallback"
-            fb = s.fallback if (s is not None and s.fallback) else ["reference"]
+            fb = ((s.fallback or []) if s is not None else []) + ["reference"]
             for ftok in fb:
                 for impl in sorted((i for i in usable if _match(i, ftok)), key=lambda i: (-i.priority, i.impl_id)):
                     if impl not in ordered:

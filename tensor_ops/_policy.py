@@ -27,7 +27,9 @@ log = logging.getLogger("tensor_ops")
 DEFAULT_ORDER = ["cuda", "opencl", "cpp", "numpy"]
 
 # (variable, canonical setting) — first set wins within one setting.
-ENV_FORCE = ("TENSOR_OPS_BACKEND", "TE_BACKEND", "TE_PLUGIN")
+ENV_FORCE = ("TENSOR_OPS_BACKEND",)
+# TE_BACKEND / TE_PLUGIN keep their documented TE-FL meaning — force a backend for the tex
+# ops only — and are read by tensor_ops.tex, which knows the tex backend names.
 ENV_PRIORITY = ("TENSOR_OPS_PRIORITY",)
 ENV_PER_OP = ("TENSOR_OPS_PER_OP", "TE_FL_PER_OP")
 ENV_STRICT = ("TENSOR_OPS_STRICT", "TE_FL_STRICT")
@@ -39,7 +41,7 @@ ENV_DENY = ("TENSOR_OPS_DENY_VENDORS", "TE_FL_DENY_VENDORS")
 ENV_FALLBACK = ("TENSOR_OPS_FALLBACK_BACKEND", "TE_FALLBACK_BACKEND")
 ALL_ENV = (ENV_FORCE + ENV_PRIORITY + ENV_PER_OP + ENV_STRICT + ENV_DISABLE + ENV_PLUGINS + ENV_LOG
            + ENV_ALLOW + ENV_DENY + ENV_FALLBACK
-           + ("TENSOR_OPS_CONFIG", "TE_FL_PREFER", "TE_FL_PREFER_VENDOR", "TE_FL_DEBUG", "TE_FL_SKIP_CUDA"))
+           + ("TENSOR_OPS_CONFIG", "TE_BACKEND", "TE_PLUGIN", "TE_FL_PREFER", "TE_FL_PREFER_VENDOR", "TE_FL_DEBUG", "TE_FL_SKIP_CUDA"))
 
 _TRUE = ("1", "true", "yes", "on")
 _FALSE = ("0", "false", "no", "off", "")

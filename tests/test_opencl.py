@@ -172,6 +172,11 @@ def test_supports_declines_what_it_cannot_run(cl_ok):
     rope_sup = reg.get_impl("rope", "default.opencl", "facade").supports
     x = np.zeros((2, 4), np.float32)
     assert not rope_sup(x, np.zeros((2, 4)), np.zeros((2, 4)), False, None)   # float64 angles
+    import pyopencl.array as cla
+    wd = cla.to_device(ocl.get_queue(), np.ones(4, np.float32))
+    rms_sup = reg.get_impl("rms_norm", "default.opencl", "facade").supports
+    assert not rms_sup(x, wd, 1e-6, None)            # host x with a device weight: declined
+    assert rms_sup(cla.to_device(ocl.get_queue(), x), np.ones(4, np.float32), 1e-6, None)
 
 
 def test_import_and_register_do_not_load_pyopencl():
@@ -437,3 +442,30 @@ def test_layer_norm_special_rows(cl_ok):
             want = ref.layer_norm(xx, ww, bb, 1e-5)
         assert np.isnan(y[2:4]).all()
         np.testing.assert_allclose(y[[0, 1, 4, 5]], want[[0, 1, 4, 5]], rtol=1e-5, atol=1e-4)
+
+
+def test_rebuild_drops_stale_entries_of_the_same_device(fresh):
+    st = ocl._state()
+    tag = sorted(fresh.glob("norms-*.bin"))[0].name.split("-")[1]
+    stale = fresh / f"norms-{tag}-{'0' * 24}.bin"
+    other = fresh / f"norms-{'f' * 12}-{'0' * 24}.bin"     # another device: kept
+    stale.write_bytes(b"old")
+    other.write_bytes(b"other")
+    ocl.load_program(st.ctx, st.device, "norms", force_build=True)
+    assert not stale.exists() and other.exists()
+    assert len(list(fresh.glob(f"norms-{tag}-*.bin"))) == 1
+
+
+def test_gpu_layout_and_copy_mode_on_this_device(fresh, monkeypatch):
+    """The GPU code path (strided loops, local size 64, pooled copies) computed here."""
+    monkeypatch.setenv("TENSOR_OPS_OPENCL_LAYOUT", "gpu")
+    monkeypatch.setenv("TENSOR_OPS_OPENCL_LWS", "64")
+    monkeypatch.setattr(ocl, "_HOST_MODE", "copy")
+    assert "-DCPU_LAYOUT=0" in ocl.build_options(ocl.select_device())
+    rng = np.random.default_rng(9)
+    for dtype, misalign in ((np.float32, False), (np.float32, True), (np.float16, False)):
+        for shape in ((3, 1030), (2, 4096), (1, 18)):
+            x = _host(shape, dtype, rng, misalign)
+            for name, (call, want) in _cases(x, rng).items():
+                _check(call(None), want, x, name)
+    assert ocl._state().lws == 64

@@ -274,11 +274,11 @@ def test_thread_safe_resolution_under_concurrent_calls_and_reloads():
 
 
 def test_settings_te_aliases():
-    env = {"TE_BACKEND": "numpy", "TE_FL_PER_OP": "rms_norm=vendor:acme|flagos;softmax=reference",
+    env = {"TENSOR_OPS_BACKEND": "numpy", "TE_FL_PER_OP": "rms_norm=vendor:acme|flagos;softmax=reference",
            "TE_FL_STRICT": "1", "TE_FL_SKIP_CUDA": "1", "TEFL_LOG_LEVEL": "debug",
            "TE_FALLBACK_BACKEND": "numpy", "TENSOR_OPS_CONFIG": "/nonexistent/backend.json"}
     s = build_settings(env)
-    assert s.force == "numpy" and s.force_source == "env TE_BACKEND"
+    assert s.force == "numpy" and s.force_source == "env TENSOR_OPS_BACKEND"
     assert s.env_per_op == {"rms_norm": ["vendor:acme", "default"], "softmax": ["reference"]}
     assert s.strict is True and s.disabled["cuda"] == "env TE_FL_SKIP_CUDA"
     assert s.log_level == "DEBUG" and s.fallback == ["numpy"]

@@ -279,14 +279,6 @@ def test_env_fresh_process_te_backend_torch():
     assert "'reference.torch': 1" in r.stdout
 
 
-def _core_validates_te_backend() -> bool:
-    from tensor_ops import _policy
-    return "TE_BACKEND" in getattr(_policy, "ENV_FORCE", ())
-
-
-@pytest.mark.xfail(_core_validates_te_backend(), strict=False,
-                   reason="core (_policy.ENV_FORCE) parses TE_BACKEND/TE_PLUGIN as a global force and raises "
-                          "ConfigError at manager init before tex can report TE-FL's message")
 def test_env_fresh_process_unknown_backend():
     r = _run("""
         import torch, tensor_ops.tex as tex

@@ -60,11 +60,4 @@ def call(op: str, args: tuple):
         return REFERENCE[op](*args)
     if override is not None and log.isEnabledFor(10):
         log.debug("tex.%s: backend override %r", op, override)
-    try:
-        return mgr.dispatch(op, args, None, override, "tex")
-    except NotImplementedError:
-        if override is None:
-            raise
-        # A forced backend plus TE_FALLBACK_BACKEND left no candidate: the reference is always
-        # the last fallback (the core's forced-order fallback list does not append it yet).
-        return mgr.dispatch(op, args, None, "impl:reference.torch", "tex")
+    return mgr.dispatch(op, args, None, override, "tex")
