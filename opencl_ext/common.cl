@@ -81,14 +81,14 @@ inline float block_max(float v, __local float *scratch)
 
 /* exp for fp32 math, Cephes polynomial with round-to-nearest by the 1.5*2^23 trick (no
  * floor/convert, which PoCL scalarises): ~2.7x faster than PoCL's float4 exp, max relative
- * error ~1e-7. Inputs below -87.3 give 0 (true value < 1.2e-38); NaN is not preserved
- * (callers' formulas propagate a NaN x through their other terms). Only operators, no
+ * error ~1e-7. Inputs below -87.3 give 0 (true value < 1.2e-38), above log(FLT_MAX) +inf,
+ * NaN gives NaN (the comparisons are false for it), so silu(-1e30) is -0 as in fp64. Only operators, no
  * built-ins: PoCL calls built-ins such as clamp/fmax/fabs/isless out of line, one call per
  * vector, which costs more than the math here. The scale is applied as
  * 2^(n-1) * 2 so n = 128 (x just below log(FLT_MAX)) does not overflow the exponent. */
-inline float4 exp4(float4 x)
+inline float4 exp4(float4 x0)
 {
-    x = x < -87.3365478515625f ? (float4)(-87.3365478515625f) : x;
+    float4 x = x0 < -87.3365478515625f ? (float4)(-87.3365478515625f) : x0;
     x = x > 88.72283935546875f ? (float4)(88.72283935546875f) : x;
     const float4 t = x * 1.44269504088896341f + 12582912.0f;
     const float4 n = t - 12582912.0f;
@@ -100,12 +100,13 @@ inline float4 exp4(float4 x)
     y = y * r + 1.6666665459e-1f;
     y = y * r + 5.0000001201e-1f;
     y = y * r * r + r + 1.0f;
-    return y * as_float4((as_int4(t) - 0x4B400000 + 126) << 23) * 2.0f;
+    const float4 res = y * as_float4((as_int4(t) - 0x4B400000 + 126) << 23) * 2.0f;
+    return x0 > 88.72283935546875f ? (float4)(INFINITY) : res;
 }
 
-inline float8 exp8(float8 x)
+inline float8 exp8(float8 x0)
 {
-    x = x < -87.3365478515625f ? (float8)(-87.3365478515625f) : x;
+    float8 x = x0 < -87.3365478515625f ? (float8)(-87.3365478515625f) : x0;
     x = x > 88.72283935546875f ? (float8)(88.72283935546875f) : x;
     const float8 t = x * 1.44269504088896341f + 12582912.0f;
     const float8 n = t - 12582912.0f;
@@ -117,12 +118,13 @@ inline float8 exp8(float8 x)
     y = y * r + 1.6666665459e-1f;
     y = y * r + 5.0000001201e-1f;
     y = y * r * r + r + 1.0f;
-    return y * as_float8((as_int8(t) - 0x4B400000 + 126) << 23) * 2.0f;
+    const float8 res = y * as_float8((as_int8(t) - 0x4B400000 + 126) << 23) * 2.0f;
+    return x0 > 88.72283935546875f ? (float8)(INFINITY) : res;
 }
 
-inline float exp1(float x)
+inline float exp1(float x0)
 {
-    x = x < -87.3365478515625f ? -87.3365478515625f : x;
+    float x = x0 < -87.3365478515625f ? -87.3365478515625f : x0;
     x = x > 88.72283935546875f ? 88.72283935546875f : x;
     const float t = x * 1.44269504088896341f + 12582912.0f;
     const float n = t - 12582912.0f;
@@ -134,7 +136,8 @@ inline float exp1(float x)
     y = y * r + 1.6666665459e-1f;
     y = y * r + 5.0000001201e-1f;
     y = y * r * r + r + 1.0f;
-    return y * as_float((as_int(t) - 0x4B400000 + 126) << 23) * 2.0f;
+    const float res = y * as_float((as_int(t) - 0x4B400000 + 126) << 23) * 2.0f;
+    return x0 > 88.72283935546875f ? INFINITY : res;
 }
 
 inline float hsum4(float4 v) { return (v.x + v.y) + (v.z + v.w); }

@@ -268,7 +268,7 @@ def load_config(environ=os.environ, extra_names: Iterable[str] = ()) -> FileConf
     try:
         data = json.loads(text)
     except json.JSONDecodeError as exc:
-        raise ConfigError(f"{path}: not valid JSON ({exc.msg} at line {exc.lineno} column {exc.colno}); "
+        raise ConfigError(f"{path}: not valid JSON ({exc.msg}: line {exc.lineno} column {exc.colno}); "
                           f"fix it or run `python setup.py configure_backend --reset`") from None
     cfg = validate_config(data, str(path), extra_names)
     cfg.path, cfg.location = path, location
@@ -284,7 +284,7 @@ def read_raw(path: Path) -> dict:
     try:
         data = json.loads(text)
     except json.JSONDecodeError as exc:
-        raise ConfigError(f"{path}: not valid JSON ({exc.msg} at line {exc.lineno}); "
+        raise ConfigError(f"{path}: not valid JSON ({exc.msg}: line {exc.lineno} column {exc.colno}); "
                           f"fix it or use --reset") from None
     if not isinstance(data, dict):
         raise ConfigError(f"{path}: top level must be a JSON object")

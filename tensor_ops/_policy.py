@@ -202,8 +202,9 @@ def build_settings(environ=os.environ, extra_names: Iterable[str] = ()) -> Setti
     if s.env_priority is None:
         pref = environ.get("TE_FL_PREFER", "").strip()
         if pref:
-            tok = check_token(pref, "environment variable TE_FL_PREFER", ())
-            if tok not in ("default", "vendor", "reference"):
+            tok = {"flagos": "default", "default": "default", "vendor": "vendor",
+                   "reference": "reference"}.get(pref.lower())
+            if tok is None:
                 raise ConfigError(f"environment variable TE_FL_PREFER={pref!r}: expected one of "
                                   f"['flagos', 'reference', 'vendor']")
             s.env_priority, s.env_priority_source = [tok], "env TE_FL_PREFER"

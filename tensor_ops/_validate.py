@@ -26,6 +26,9 @@ def _kind(a, name: str) -> str:
 def check_x(x, name: str = "x"):
     """Return (x, kind, dtype) for a floating array of rank ≥ 1."""
     k = _kind(x, name)
+    if k == "numpy" and isinstance(x, np.ma.MaskedArray):
+        raise TypeError(f"{name} is a numpy.ma.MaskedArray: its mask would be ignored; pass "
+                        f"{name}.filled(value) or a plain numpy.ndarray")
     if k == "torch" and x.device.type == "cpu":
         raise TypeError(f"{name} is a torch CPU tensor: pass {name}.numpy() (zero-copy) to the NumPy facade, "
                         f"or use tensor_ops.tex for torch tensors")
@@ -62,9 +65,10 @@ def contiguous(a, kind: str):
     """A C-contiguous, aligned version of ``a`` (a copy only when needed)."""
     if kind == "numpy":
         f = a.flags
-        if f.c_contiguous and f.aligned:
+        if f.c_contiguous and f.aligned and type(a) is np.ndarray:
             return a
-        return np.array(a, order="C", copy=True)
+        # a copy is also a plain ndarray: subclasses (np.matrix, memmap, ...) lose their type
+        return np.array(a, order="C", copy=True, subok=False)
     if kind == "torch":
         return a.contiguous()
     if kind == "cupy":

@@ -63,3 +63,10 @@ def pytest_addoption(parser):
     2,000 derandomized ones."""
     parser.addoption("--fuzz-long", action="store_true", default=False,
                      help="run the differential fuzzer long (25,000 random examples)")
+
+
+@pytest.fixture
+def unforced(monkeypatch):
+    """For tests about the resolver's own ordering: drop a suite-wide TENSOR_OPS_BACKEND."""
+    monkeypatch.delenv("TENSOR_OPS_BACKEND", raising=False)
+    to.reload_config()

@@ -212,10 +212,10 @@ raises("mixed-rope-torch-cos", "rope", "NumPy x with torch CPU cos",
        lambda b: to.rope(X, _torch().from_numpy(CS), SN, backend=b), TypeError, "cos is a torch CPU tensor", "cos")
 raises("torch-cpu-x", "silu", "torch CPU tensor x (the facade takes torch CUDA tensors)",
        lambda b: to.silu(_torch().from_numpy(X), backend=b), TypeError, "x is a torch CPU tensor: pass x.numpy()", "x")
-raises("x-matrix-subclass", "silu", "np.matrix x (ndarray subclass)", lambda b: to.silu(np.matrix(X), backend=b),
-       TypeError, "x", "x",
-       bug="ndarray subclasses pass check_x (isinstance) but every impl's supports() wants type(x) is "
-           "np.ndarray: NotImplementedError at dispatch; contiguous() should convert, or check_x reject")
+same("x-matrix-subclass", "silu", "np.matrix x (ndarray subclass): computed as a plain ndarray",
+     lambda b: to.silu(np.matrix(X), backend=b))
+raises("x-masked-array", "silu", "numpy.ma.MaskedArray x (its mask would be silently dropped)",
+       lambda b: to.silu(np.ma.masked_array(X, X < 0), backend=b), TypeError, "x is a numpy.ma.MaskedArray", "x")
 # ---- facade: argument counts and the backend argument
 raises("nargs-extra", "silu", "silu(x, x): one positional too many", lambda b: to.silu(X, X, backend=b),
        TypeError, "takes 1 positional argument", "silu()")

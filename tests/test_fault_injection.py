@@ -189,10 +189,11 @@ def test_availability_false_without_reason_gets_one():
 
 
 def test_every_candidate_failing_is_a_backend_error(monkeypatch):
-    """Forced vendor, fallback another failing vendor: BackendError with the last error, never a
-    wrong result."""
+    """Forced vendor, fallback another failing vendor, the reference disabled: BackendError with
+    the last error, never a wrong result."""
     with Vendor("silu", _raise_runtime) as a, Vendor("silu", _raise_runtime) as b:
         monkeypatch.setenv("TENSOR_OPS_FALLBACK_BACKEND", f"vendor:{b.name}")
+        monkeypatch.setenv("TENSOR_OPS_DISABLE", "numpy")
         to.reload_config()
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", BackendFallbackWarning)

@@ -416,6 +416,12 @@ def test_activations_at_extreme_inputs(cl_ok):
                             ("softmax", ocl.softmax(x, None), ref.softmax(x))]:
         assert np.isfinite(got).all(), (name, got)
         _check(got, want, x, name)
+    big = np.array([[-100.0, 100.0, -1e30, 1e30, np.inf, np.nan, -np.inf, 0.0]], np.float32)
+    np.testing.assert_array_equal(ocl.silu(big, None)[0, :5],
+                                  np.array([-0.0, 100.0, -0.0, 1e30, np.inf], np.float32))
+    assert np.isnan(ocl.silu(big, None)[0, 5])
+    sm = ocl.softmax(np.array([[1.0, np.inf, 2.0] * 4, [0.0, -np.inf, 1.0] * 4], np.float32), None)
+    assert np.isnan(sm[0]).all() and (sm[1, 1::3] == 0).all()
 
 
 def test_softmax_row_with_nan_is_all_nan(cl_ok):

@@ -80,14 +80,14 @@ def test_flagos_is_default_kind():
     assert BackendImplKind.FLAGOS is BackendImplKind.DEFAULT
 
 
-def test_default_order_puts_reference_last(vendors):
+def test_default_order_puts_reference_last(vendors, unforced):
     res = to.get_manager().resolve("relu", None, "facade")
     ids = [i.impl_id for i in res.candidates]
     assert ids[-1] == "reference.numpy"
     assert ids.index("vendor.acme") < ids.index("vendor.Zeta")
 
 
-def test_precedence_keyword_context_set_env_config(vendors, isolated_config, monkeypatch):
+def test_precedence_keyword_context_set_env_config(vendors, isolated_config, monkeypatch, unforced):
     isolated_config.write_text('{"schema_version": 1, "priority": ["vendor:zeta"]}')
     to.reload_config()
     assert to.relu(X)[0, 0] == 50                      # backend.json priority
@@ -103,7 +103,7 @@ def test_precedence_keyword_context_set_env_config(vendors, isolated_config, mon
     to.set_backend(None)
 
 
-def test_per_op_beats_priority_and_tokens(vendors, isolated_config):
+def test_per_op_beats_priority_and_tokens(vendors, isolated_config, unforced):
     isolated_config.write_text('{"schema_version": 1, "priority": ["numpy"], '
                                '"per_op": {"relu": ["impl:vendor.Zeta", "numpy"]}}')
     to.reload_config()
@@ -113,7 +113,7 @@ def test_per_op_beats_priority_and_tokens(vendors, isolated_config):
 
 @pytest.mark.parametrize("token,expect", [("vendor:ACME", 150), ("vendor", 150), ("reference", 1),
                                           ("zeta", 50), ("flagos,reference", 1)])
-def test_order_tokens(vendors, token, expect):
+def test_order_tokens(vendors, token, expect, unforced):
     assert to.relu(X, backend=token)[0, 0] == expect
 
 
@@ -127,7 +127,7 @@ def test_unknown_backend_name_lists_choices():
             pass
 
 
-def test_allow_and_deny_vendors(vendors, monkeypatch):
+def test_allow_and_deny_vendors(vendors, monkeypatch, unforced):
     monkeypatch.setenv("TE_FL_DENY_VENDORS", "ACME")
     to.reload_config()
     assert to.relu(X, backend="vendor")[0, 0] == 50
@@ -148,7 +148,7 @@ def test_forced_unavailable_backend_is_an_error():
         reg.unregister_impl("relu", "vendor.ghost", "facade")
 
 
-def test_forced_backend_without_the_op_uses_reference(monkeypatch):
+def test_forced_backend_without_the_op_uses_reference(monkeypatch, unforced):
     reg = to.get_registry()
     reg.register_impl(_impl("silu", "vendor.only_silu"))
     try:
@@ -167,7 +167,7 @@ def _failing(op="relu", exc=RuntimeError("driver exploded")):
     return _impl(op, "vendor.broken", priority=999, fn=fn)
 
 
-def test_fallback_warns_once_and_counts():
+def test_fallback_warns_once_and_counts(unforced):
     reg = to.get_registry()
     reg.register_impl(_failing())
     try:
@@ -183,7 +183,7 @@ def test_fallback_warns_once_and_counts():
         reg.unregister_impl("relu", "vendor.broken", "facade")
 
 
-def test_strict_turns_fallback_into_error(monkeypatch):
+def test_strict_turns_fallback_into_error(monkeypatch, unforced):
     reg = to.get_registry()
     reg.register_impl(_failing())
     try:
@@ -195,7 +195,7 @@ def test_strict_turns_fallback_into_error(monkeypatch):
         reg.unregister_impl("relu", "vendor.broken", "facade")
 
 
-def test_user_errors_from_impls_are_not_fallbacks():
+def test_user_errors_from_impls_are_not_fallbacks(unforced):
     reg = to.get_registry()
     reg.register_impl(_failing(exc=ValueError("bad value from impl")))
     try:
@@ -205,7 +205,7 @@ def test_user_errors_from_impls_are_not_fallbacks():
         reg.unregister_impl("relu", "vendor.broken", "facade")
 
 
-def test_wrong_shaped_output_is_a_backend_failure():
+def test_wrong_shaped_output_is_a_backend_failure(unforced):
     reg = to.get_registry()
     reg.register_impl(_impl("relu", "vendor.liar", priority=999, fn=lambda x, out: np.zeros(3, x.dtype)))
     try:
@@ -216,7 +216,7 @@ def test_wrong_shaped_output_is_a_backend_failure():
         reg.unregister_impl("relu", "vendor.liar", "facade")
 
 
-def test_supports_is_checked_per_call():
+def test_supports_is_checked_per_call(unforced):
     seen = []
     reg = to.get_registry()
     reg.register_impl(_impl("relu", "vendor.f16only", priority=999,
@@ -229,7 +229,7 @@ def test_supports_is_checked_per_call():
         reg.unregister_impl("relu", "vendor.f16only", "facade")
 
 
-def test_choice_logged_once_and_on_change(caplog, vendors):
+def test_choice_logged_once_and_on_change(caplog, vendors, unforced):
     import logging
     caplog.set_level(logging.INFO, logger="tensor_ops")
     for _ in range(3):
@@ -300,7 +300,7 @@ def test_bad_env_values_are_named(var, value, msg):
         build_settings(env)
 
 
-def test_tuning_table_followed_and_reported(isolated_config):
+def test_tuning_table_followed_and_reported(isolated_config, unforced):
     import json
     from tensor_ops._policy import machine_fingerprint
     isolated_config.write_text(json.dumps({"schema_version": 1, "tuning": {
@@ -336,7 +336,7 @@ def test_template_backend_registers_and_serves():
     assert _template.availability() == (True, "")
 
 
-def test_device_backend_takes_host_arrays_only_when_named(isolated_config):
+def test_device_backend_takes_host_arrays_only_when_named(isolated_config, unforced):
     reg = to.get_registry()
     reg.register_impl(_impl("relu", "vendor.gpu", priority=999, host_arrays="when-named",
                             fn=lambda x, out: np.full_like(x, 9)))
@@ -351,7 +351,7 @@ def test_device_backend_takes_host_arrays_only_when_named(isolated_config):
         reg.unregister_impl("relu", "vendor.gpu", "facade")
 
 
-def test_tuning_exclusions_are_honoured(isolated_config):
+def test_tuning_exclusions_are_honoured(isolated_config, unforced):
     import json
     from tensor_ops._policy import machine_fingerprint
     reg = to.get_registry()

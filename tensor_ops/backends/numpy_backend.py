@@ -42,8 +42,20 @@ def layer_norm(x, weight, bias, eps, out):
     xf = _work(x)
     mu = np.mean(xf, axis=-1, keepdims=True)
     d = xf - mu
-    var = np.mean(np.square(d), axis=-1, keepdims=True)
+    with np.errstate(over="ignore"):
+        var = np.mean(np.square(d), axis=-1, keepdims=True)
+    if xf.dtype != np.float64 and not np.isfinite(var).all():
+        # d² overflowed fp32 (|d| > ~1.8e19): redo those rows in float64 so a finite input
+        # never turns into "output = bias"; the result is then rounded back as usual.
+        bad = ~np.isfinite(var[:, 0])
+        d64 = xf[bad].astype(np.float64) - xf[bad].astype(np.float64).mean(-1, keepdims=True)
+        y_bad = d64 / np.sqrt((d64 * d64).mean(-1, keepdims=True) + eps) * _work(weight).astype(np.float64)
+        var = np.where(np.isfinite(var), var, 1.0).astype(xf.dtype)
+    else:
+        bad = None
     y = d * (1.0 / np.sqrt(var + xf.dtype.type(eps))) * _work(weight)
+    if bad is not None:
+        y[bad] = y_bad
     if bias is not None:
         y += _work(bias)
     return _finish(y, x.dtype, out)
