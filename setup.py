@@ -18,6 +18,7 @@ import sys
 from pathlib import Path
 
 from setuptools import setup
+from setuptools.command.build_py import build_py
 
 HERE = Path(__file__).resolve().parent
 
@@ -38,9 +39,27 @@ cpp_build = _load_build_module("cpp_build")
 cuda_build = _load_build_module("cuda_build")
 opencl_build = _load_build_module("opencl_build")
 
+
+
+class BuildPy(build_py):
+    """Also ship the kernel sources a wheel needs at run time: opencl_ext/*.cl (built per
+    device at first use) and cuda_ext/*.cu{,h} (NVRTC fallback when no fatbin fits)."""
+
+    def run(self):
+        super().run()
+        import shutil
+        for folder, patterns in (("opencl_ext", ("*.cl",)), ("cuda_ext", ("*.cu", "*.cuh"))):
+            dest = Path(self.build_lib) / "tensor_ops" / folder
+            dest.mkdir(parents=True, exist_ok=True)
+            for pattern in patterns:
+                for src in sorted((HERE / folder).glob(pattern)):
+                    shutil.copy2(src, dest / src.name)
+
+
 setup(
     ext_modules=cpp_build.extensions(),
     cmdclass={
+        "build_py": BuildPy,
         "test_capabilities": capabilities.TestCapabilities,
         "configure_backend": configure.ConfigureBackend,
         "build_ext": cpp_build.BuildExt,

@@ -137,21 +137,23 @@ _ORDER = ("cuda", "opencl", "cpp", "numpy")
 
 
 def get_backend(op: Optional[str] = None, dtype: str = "float32", nbytes: int = 1 << 26) -> str:
-    """The backend that serves ``op`` (for ``dtype`` input of ``nbytes``), or, with no op, the
-    first available backend of the default order.
+    """The backend that serves ``op`` for NumPy input of ``dtype`` and ``nbytes`` bytes, or,
+    with no op, the first available backend of the default order that takes NumPy input
+    without being named (device backends serve host arrays only when an order names them).
     """
     m = manager()
     if op is None:
         for name in _ORDER:
-            impls = [i for i in m.registry.all_impls() if i.backend == name]
-            if impls and not m._exclusion(impls[0]):
+            impls = [i for i in m.registry.all_impls() if i.backend == name and i.api == "facade"]
+            if impls and impls[0].host_arrays == "always" and not m._exclusion(impls[0]):
                 return name
         return "numpy"
     override = _state.context_backend.get() or _state.global_backend
     res = m.resolve(op, override, "facade" if op in _FACADE_NAMES else None, dtype, nbytes)
-    if not res.candidates:
+    host = [i for i in res.candidates if not getattr(i, "device_only", False)]
+    if not host:
         raise NotImplementedError(f"no available implementation of op {op!r}")
-    return res.candidates[0].backend
+    return host[0].backend
 
 
 from ._ops import FACADE_OPS as _FACADE_NAMES  # noqa: E402

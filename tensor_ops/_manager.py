@@ -54,7 +54,9 @@ def _device_only(impl: OpImpl) -> OpImpl:
             return False
         return inner(*args, **kw) if inner is not None else True
 
-    return dataclasses.replace(impl, supports=supports, source=impl.source)
+    view = dataclasses.replace(impl, supports=supports, source=impl.source)
+    view.device_only = True
+    return view
 
 
 def _wrong_result(out, expect) -> bool:
@@ -248,7 +250,8 @@ class OpManager:
         else:
             rest = sorted((i for i in usable if i not in ordered), key=_default_rank)
             ordered += [i for i in rest if i.kind is not _REF] + [i for i in rest if i.kind is _REF]
-        named = {t for t in tokens if t not in ("default", "vendor", "reference") and not t.startswith("vendor:")}
+        named = set() if source == "built-in default" else \
+            {t for t in tokens if t not in ("default", "vendor", "reference") and not t.startswith("vendor:")}
         ordered = [i if i.host_arrays == "always" or i.backend in named or f"impl:{i.impl_id}" in named
                    else _device_only(i) for i in ordered]
         return Resolution(op, api, tokens, source, forced, strict, tuple(ordered), excluded, note)

@@ -202,3 +202,15 @@ def test_plugin_isolation(monkeypatch, tmp_path):
                TE_FL_PLUGIN_MODULES="broken_import_plugin,raising_plugin", TENSOR_OPS_CONFIG=str(tmp_path / "c.json"))
     p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
     assert p.returncode == 0, p.stdout + p.stderr
+
+
+def test_plain_install_serves_numpy_input_from_cpp(unforced):
+    """Issue 3's promise: with the C++ backend built, NumPy input goes to it by default, not
+    to a device backend that would need copies (or, on PoCL, is slower)."""
+    if "cpp" not in available_backends():
+        pytest.skip(f"cpp unavailable: {to.get_backend_info()['backends']['cpp']['reason']}")
+    for op in ("rms_norm", "layer_norm", "softmax", "silu", "gelu", "swiglu", "rope"):
+        assert to.get_backend(op) == "cpp", op
+    assert to.get_backend() == "cpp"
+    to.rms_norm(X, W)
+    assert to.get_backend_info()["ops"]["rms_norm"]["calls"].get("default.cpp", 0) >= 1

@@ -455,10 +455,11 @@ def test_rebuild_drops_stale_entries_of_the_same_device(fresh):
     tag = sorted(fresh.glob("norms-*.bin"))[0].name.split("-")[1]
     stale = fresh / f"norms-{tag}-{'0' * 24}.bin"
     other = fresh / f"norms-{'f' * 12}-{'0' * 24}.bin"     # another device: kept
-    stale.write_bytes(b"old")
-    other.write_bytes(b"other")
+    legacy = fresh / f"norms-{'a' * 32}.bin"                 # pre-release naming: dropped
+    for f in (stale, other, legacy):
+        f.write_bytes(b"old")
     ocl.load_program(st.ctx, st.device, "norms", force_build=True)
-    assert not stale.exists() and other.exists()
+    assert not stale.exists() and not legacy.exists() and other.exists()
     assert len(list(fresh.glob(f"norms-{tag}-*.bin"))) == 1
 
 

@@ -26,6 +26,10 @@ from pathlib import Path
 import numpy as np
 
 NAME = "opencl"
+# Host (NumPy) arrays go to OpenCL only when an order names it (keyword, env, per_op,
+# priority, or a tuning bucket where it measured faster): a GPU needs copies, and on a CPU
+# device (PoCL) the C++ backend is faster. pyopencl arrays are always served here.
+HOST_ARRAYS = "when-named"
 OPS = ("rms_norm", "layer_norm", "softmax", "silu", "relu", "gelu", "swiglu", "geglu", "rope")
 FAMILIES = ("norms", "softmax", "activations", "rope")
 CACHE_FORMAT = b"TOCLBIN1"  # magic + sha256(payload) + payload
@@ -169,9 +173,12 @@ def cache_path(device, family: str, src: str, options: str) -> Path:
 
 
 def _drop_stale(path: Path) -> None:
-    """Remove older entries of the same family and device (previous source versions)."""
+    """Remove older entries of the same family and device (previous source versions), and
+    entries in the pre-release naming ``<family>-<32 hex>.bin``, which nothing reads."""
     family, tag, _ = path.name.split("-", 2)
-    for old in path.parent.glob(f"{family}-{tag}-*.bin"):
+    olds = list(path.parent.glob(f"{family}-{tag}-*.bin"))
+    olds += [p for p in path.parent.glob(f"{family}-*.bin") if p.name.count("-") == 1]
+    for old in olds:
         if old != path:
             try:
                 old.unlink()
