@@ -35,6 +35,28 @@ void rms_norm_k(const void* xv, const void* wv, void* yv, int64_t rows, int64_t 
 }
 
 template <class T>
+void layer_norm_row_f64(const T* xr, const T* w, const T* b, T* yr, int64_t n, float eps, bool zc,
+                        float* mu, float* rsigma) {
+    double sum = 0.0;
+    for (int64_t i = 0; i < n; ++i) sum += (double)to_f32(xr[i]);
+    const double mean = sum / (double)n;
+    double ss = 0.0;
+    for (int64_t i = 0; i < n; ++i) {
+        const double d = (double)to_f32(xr[i]) - mean;
+        ss += d * d;
+    }
+    const double rs = 1.0 / std::sqrt(ss / (double)n + (double)eps);
+    if (mu) *mu = (float)mean;
+    if (rsigma) *rsigma = (float)rs;
+    const double one = zc ? 1.0 : 0.0;
+    for (int64_t i = 0; i < n; ++i) {
+        double v = ((double)to_f32(xr[i]) - mean) * rs * ((double)to_f32(w[i]) + one);
+        if (b) v += (double)to_f32(b[i]);
+        put(yr + i, (float)v);
+    }
+}
+
+template <class T>
 void layer_norm_k(const void* xv, const void* wv, const void* bv, void* yv, int64_t rows, int64_t n,
                   float eps, float* mu, float* rsigma, bool zc, bool nt) {
     const T* x = (const T*)xv;
@@ -47,6 +69,13 @@ void layer_norm_k(const void* xv, const void* wv, const void* bv, void* yv, int6
         T* yr = y + r * n;
         const float mean = (float)(row_sum(xr, n) / (double)n);
         const double var = row_sumsq_centered(xr, n, mean) / (double)n;
+        if (!std::isfinite(var) || !std::isfinite(mean)) {
+            // The fp32 block sums overflowed (|x - mean| > ~1.8e19, e.g. FLT_MAX in the row):
+            // redo this row in double so finite input never turns into "y = bias". Rare, so a
+            // scalar loop is fine; NaN/Inf inputs still come out NaN as in NumPy.
+            layer_norm_row_f64(xr, w, b, yr, n, eps, zc, mu ? mu + r : nullptr, rsigma ? rsigma + r : nullptr);
+            continue;
+        }
         const float rs = (float)(1.0 / std::sqrt(var + (double)eps));
         if (mu) mu[r] = mean;
         if (rsigma) rsigma[r] = rs;

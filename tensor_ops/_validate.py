@@ -23,6 +23,14 @@ def _kind(a, name: str) -> str:
     return k
 
 
+def _native(dt):
+    """Byte-swapped floats count as their native dtype (the copy to native order happens in
+    contiguous()/as_dtype(), so kernels only ever see native data)."""
+    if dt is not None and dt.kind == "f" and not dt.isnative:
+        return dt.newbyteorder("=")
+    return dt
+
+
 def check_x(x, name: str = "x"):
     """Return (x, kind, dtype) for a floating array of rank ≥ 1."""
     k = _kind(x, name)
@@ -32,7 +40,7 @@ def check_x(x, name: str = "x"):
     if k == "torch" and x.device.type == "cpu":
         raise TypeError(f"{name} is a torch CPU tensor: pass {name}.numpy() (zero-copy) to the NumPy facade, "
                         f"or use tensor_ops.tex for torch tensors")
-    dt = np_dtype(x, k)
+    dt = _native(np_dtype(x, k))
     if dt is None or not is_float(dt):
         raise TypeError(f"{name} must have dtype {ACCEPTED}, got {dtype_label(x, k)}")
     if x.ndim == 0:
@@ -65,8 +73,10 @@ def contiguous(a, kind: str):
     """A C-contiguous, aligned version of ``a`` (a copy only when needed)."""
     if kind == "numpy":
         f = a.flags
-        if f.c_contiguous and f.aligned and type(a) is np.ndarray:
+        if f.c_contiguous and f.aligned and type(a) is np.ndarray and a.dtype.isnative:
             return a
+        if not a.dtype.isnative:
+            return np.ascontiguousarray(a.astype(a.dtype.newbyteorder("="), subok=False))
         # a copy is also a plain ndarray: subclasses (np.matrix, memmap, ...) lose their type
         return np.array(a, order="C", copy=True, subok=False)
     if kind == "torch":
@@ -91,7 +101,7 @@ def as_dtype(a, ka, dt, kind_x):
 def check_vector(v, name: str, n: int, x, kx: str, dt):
     """weight/bias: floating, 1-D, length n, same device as x; cast to x's dtype."""
     kv = _kind(v, name)
-    vdt = np_dtype(v, kv)
+    vdt = _native(np_dtype(v, kv))
     if vdt is None or not is_float(vdt):
         raise TypeError(f"{name} must have dtype {ACCEPTED}, got {dtype_label(v, kv)}")
     if v.ndim != 1 or v.shape[0] != n:

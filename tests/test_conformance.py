@@ -6,6 +6,8 @@ backend *failure* fails the test instead of silently falling back to NumPy.
 """
 from __future__ import annotations
 
+import zlib
+
 import numpy as np
 import pytest
 
@@ -91,7 +93,7 @@ def test_conformance(backend, op, dtype, shape_id, monkeypatch):
         pytest.skip(f"{backend} computes float16/float32 only; float64 is served by the NumPy reference")
     monkeypatch.setenv("TENSOR_OPS_STRICT", "1")
     to.reload_config()
-    rng = np.random.default_rng(abs(hash((op, shape_id))) % 2**32)
+    rng = np.random.default_rng(zlib.crc32(f"{op}/{shape_id}".encode()))   # same data every run
     even = fop in ("swiglu", "geglu", "rope")
     x = _make(shape_id, dtype, rng, even)
     if fop == "rope" and x.ndim < 2:

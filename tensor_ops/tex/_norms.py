@@ -129,6 +129,18 @@ def ref_layernorm_fwd(input, weight, bias, eps, ln_out, quantizer, otype, sm_mar
     y = xc * rs[:, None] * _gamma32(weight, zero_centered_gamma)
     if bias is not None:
         y = y + bias.reshape(-1).float()
+    bad = (~torch.isfinite(rs) | (rs == 0)) & torch.isfinite(x).all(-1) if x.numel() else None
+    if bad is not None and bad.any():
+        # centred squares overflowed fp32 (|x - mean| > ~1.8e19): redo those rows in float64,
+        # as the C++ kernel does, so finite input never comes out as "y = bias"
+        x64 = x[bad].double()
+        mu64 = x64.mean(-1)
+        rs64 = torch.rsqrt((x64 - mu64[:, None]).square().mean(-1) + eps)
+        y64 = (x64 - mu64[:, None]) * rs64[:, None] * _gamma32(weight, zero_centered_gamma).double()
+        if bias is not None:
+            y64 = y64 + bias.reshape(-1).double()
+        y, mu, rs = y.clone(), mu.clone(), rs.clone()
+        y[bad], mu[bad], rs[bad] = y64.float(), mu64.float(), rs64.float()
     return [_emit(y, input, otype, ln_out), mu, rs]
 
 
