@@ -22,6 +22,11 @@ from ._registry import BackendImplKind, OpImpl, OpRegistry, default_api
 log = logging.getLogger("tensor_ops")
 
 _REF = BackendImplKind.REFERENCE
+try:
+    import numpy as _np
+    _ND = _np.ndarray
+except ImportError:  # pragma: no cover - numpy is a dependency
+    _ND = ()
 _VENDOR = BackendImplKind.VENDOR
 
 
@@ -196,7 +201,15 @@ class OpManager:
                     res.seq = (override is None, self._seq)
                     self._cache[key] = res
                     if override is None and bucket == -1 and api == "facade" and (s is None or op not in s.tuning_ops):
-                        self.fast[op] = res
+                        # The facade's fast path only sees host arrays: drop the device-only views
+                        # so a plain call does not pay a declined supports() per device backend.
+                        host = Resolution(op, api, res.tokens, res.source, res.forced, res.strict,
+                                          tuple(i for i in res.candidates if not getattr(i, "device_only", False)),
+                                          res.excluded, res.note)
+                        self._seq += 1
+                        host.seq = (True, self._seq)
+                        self._cache[key + ("host",)] = host
+                        self.fast[op] = host
         return res
 
     def _resolve(self, op, api, override, dtype_name, nbytes) -> Resolution:
@@ -304,7 +317,9 @@ class OpManager:
                     if sup is not None and not sup(*args):
                         continue
                     out = impl.fn(*args)
-                if expect is not None and _wrong_result(out, expect):
+                if expect is not None and (
+                        (out.shape != expect[0] or (out.dtype is not expect[1] and out.dtype != expect[1]))
+                        if type(out) is _ND else _wrong_result(out, expect)):
                     raise BackendError(
                         f"{impl.impl_id} returned {type(out).__name__} of shape {getattr(out, 'shape', None)} "
                         f"dtype {getattr(out, 'dtype', None)}; expected shape {expect[0]} dtype {expect[1]}")
