@@ -21,3 +21,11 @@ class BackendFallbackWarning(RuntimeWarning):
 
 class ConfigError(ValueError):
     """backend.json or a TENSOR_OPS_* / TE_* variable holds an invalid value."""
+
+
+def backend_failure(backend: str, msg: str, cause: BaseException | None = None) -> BackendError:
+    """A BackendError prefixed with the backend's name, chained to the toolkit's exception."""
+    err = BackendError(f"{backend}: {msg}")
+    if cause is not None:
+        err.__cause__ = cause
+    return err

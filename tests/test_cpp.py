@@ -642,10 +642,8 @@ def test_expected_isa_selected(C):
 def test_stub_lists_the_module_api(C):
     import re
     stub = os.path.join(ROOT, "tensor_ops", "_cpp.pyi")
-    src = os.path.join(ROOT, "cpp_ext", "_cpp.pyi")
-    with open(stub) as a, open(src) as b:
+    with open(stub) as a:
         text = a.read()
-        assert text == b.read(), "tensor_ops/_cpp.pyi and cpp_ext/_cpp.pyi differ"
     declared = set(re.findall(r"^def (\w+)\(", text, re.M)) | set(re.findall(r"^(\w+): ", text, re.M))
     public = {n for n in dir(C) if not n.startswith("__")}
     assert public <= declared, f"missing from the stub: {sorted(public - declared)}"

@@ -25,6 +25,8 @@ from pathlib import Path
 
 import numpy as np
 
+from tensor_ops._errors import BackendError, backend_failure
+
 NAME = "cuda"
 OPS = ("rms_norm", "layer_norm", "softmax", "silu", "relu", "gelu", "swiglu", "geglu", "rope", "matmul")
 CUPY_MISSING = "CuPy is not installed (pip install cupy-cuda12x or cupy-cuda13x)"
@@ -61,19 +63,8 @@ _VEC_BYTES = 16
 
 
 # ----------------------------------------------------------------------------- errors
-def _error_cls():
-    try:
-        from tensor_ops._errors import BackendError
-        return BackendError
-    except Exception:  # pragma: no cover - core not importable
-        return RuntimeError
-
-
 def _fail(msg: str, cause: BaseException | None = None):
-    err = _error_cls()(f"cuda: {msg}")
-    if cause is not None:
-        err.__cause__ = cause
-    return err
+    return backend_failure(NAME, msg, cause)
 
 
 @contextlib.contextmanager
@@ -84,7 +75,7 @@ def _guard(op: str):
     except (ValueError, TypeError):
         raise
     except Exception as exc:
-        if isinstance(exc, _error_cls()):
+        if isinstance(exc, BackendError):
             raise
         what = "out of memory" if "OutOfMemory" in type(exc).__name__ else "failed"
         raise _fail(f"{op} {what}: {type(exc).__name__}: {exc}", exc) from exc

@@ -25,6 +25,8 @@ from pathlib import Path
 
 import numpy as np
 
+from tensor_ops._errors import backend_failure
+
 NAME = "opencl"
 # Host (NumPy) arrays go to OpenCL only when an order names it (keyword, env, per_op,
 # priority, or a tuning bucket where it measured faster): a GPU needs copies, and on a CPU
@@ -53,19 +55,8 @@ _SUFFIX = {np.dtype(np.float32): "_f32", np.dtype(np.float16): "_f16"}
 
 
 # ----------------------------------------------------------------------------- errors
-def _error_cls():
-    try:
-        from tensor_ops._errors import BackendError
-        return BackendError
-    except Exception:  # pragma: no cover - core not importable
-        return RuntimeError
-
-
 def _fail(msg: str, cause: BaseException | None = None):
-    err = _error_cls()(f"opencl: {msg}")
-    if cause is not None:
-        err.__cause__ = cause
-    return err
+    return backend_failure(NAME, msg, cause)
 
 
 def _cl_fail(what: str, exc: BaseException):
