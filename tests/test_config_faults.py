@@ -104,9 +104,6 @@ def test_bad_environment_variable_names_it(monkeypatch, var, value, frags):
         assert frag in str(err.value), (frag, str(err.value))
 
 
-@pytest.mark.xfail(reason="known defect: TE_FL_PREFER=cpp says \"unknown backend 'cpp'; accepted: a backend "
-                          "name []\" (check_token gets no names) instead of listing flagos/vendor/reference",
-                   strict=False)
 def test_te_fl_prefer_lists_its_choices(monkeypatch):
     monkeypatch.setenv("TE_FL_PREFER", "cpp")
     with pytest.raises(ConfigError, match=r"\['flagos', 'reference', 'vendor'\]"):
