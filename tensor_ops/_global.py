@@ -15,6 +15,7 @@ from typing import Iterator, Optional
 
 from . import _state
 from ._manager import OpManager
+from ._ops import BUILTIN_BACKENDS, FACADE_OPS as _FACADE_NAMES
 from ._policy import ENV_PLUGINS, _first, build_settings
 from ._registry import OpRegistry
 
@@ -133,9 +134,6 @@ def use_backend(name: str) -> Iterator[None]:
         _state.context_backend.reset(token)
 
 
-_ORDER = ("cuda", "opencl", "cpp", "numpy")
-
-
 def get_backend(op: Optional[str] = None, dtype: str = "float32", nbytes: int = 1 << 26) -> str:
     """The backend that serves ``op`` for NumPy input of ``dtype`` and ``nbytes`` bytes, or,
     with no op, the first available backend of the default order that takes NumPy input
@@ -143,7 +141,7 @@ def get_backend(op: Optional[str] = None, dtype: str = "float32", nbytes: int = 
     """
     m = manager()
     if op is None:
-        for name in _ORDER:
+        for name in BUILTIN_BACKENDS:
             impls = [i for i in m.registry.all_impls() if i.backend == name and i.api == "facade"]
             if impls and impls[0].host_arrays == "always" and not m._exclusion(impls[0]):
                 return name
@@ -155,8 +153,6 @@ def get_backend(op: Optional[str] = None, dtype: str = "float32", nbytes: int = 
         raise NotImplementedError(f"no available implementation of op {op!r}")
     return host[0].backend
 
-
-from ._ops import FACADE_OPS as _FACADE_NAMES  # noqa: E402
 
 
 def builtins() -> dict:

@@ -6,7 +6,7 @@ from typing import Any
 
 from . import _global, _version
 from ._errors import ConfigError
-from ._policy import ALL_ENV
+from ._policy import ALL_ENV, DEFAULT_ORDER
 
 
 def _backend_info(name: str, mod: Any, m) -> dict:
@@ -53,7 +53,7 @@ def get_backend_info() -> dict:
     info["settings"] = {
         "force": {"value": s.force or f.force,
                   "source": s.force_source if s.force else ("backend.json 'force'" if f.force else "default")},
-        "priority": {"value": s.env_priority or f.priority or ["cuda", "opencl", "cpp", "numpy"],
+        "priority": {"value": s.env_priority or f.priority or list(DEFAULT_ORDER),
                      "source": s.env_priority_source if s.env_priority else
                      ("backend.json 'priority'" if f.priority else "built-in default")},
         "per_op": {"value": {**f.per_op, **s.env_per_op},

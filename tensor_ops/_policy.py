@@ -21,10 +21,11 @@ from typing import Iterable, Optional
 from . import _version
 from ._config import FileConfig, check_op, check_token, known_names, load_config, parse_order
 from ._errors import ConfigError
+from ._ops import BUILTIN_BACKENDS
 
 log = logging.getLogger("tensor_ops")
 
-DEFAULT_ORDER = ["cuda", "opencl", "cpp", "numpy"]
+DEFAULT_ORDER = list(BUILTIN_BACKENDS)
 
 # (variable, canonical setting) — first set wins within one setting.
 ENV_FORCE = ("TENSOR_OPS_BACKEND",)
