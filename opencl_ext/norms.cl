@@ -1,33 +1,37 @@
-/* rms_norm and layer_norm: one work-group per row, local-memory reduction.
+/* rms_norm and layer_norm over rows of n: FOR_ROWS/FOR_ROW (common.cl) give a work-group
+ * per row with a local-memory reduction on GPUs, whole rows per work-item on CPUs.
  * Row r of x/y starts at r*n; 8 elements per step (LD8/ST8: float4 accesses, float8 math;
  * vload4 in the unaligned variant needs element alignment only), scalar tail for n % 8.
  * The row is read twice; the reread comes from cache. */
 
 KERNEL void KN(rms_norm)(__global const T *restrict x, __global const T *restrict w,
-                         __global T *restrict y, const int n, const float eps)
+                         __global T *restrict y, const int n, const float eps,
+                         const int rows)
 {
     __local float scratch[LWS];
-    const int lid = get_local_id(0);
-    const long base = (long)get_group_id(0) * n;
+    const int n8 = n >> 3;
+    FOR_ROWS(row, rows) {
+    const long base = (long)row * n;
     __global const T *xr = x + base;
     __global T *yr = y + base;
-    const int n8 = n >> 3;
 
-    float acc = 0.0f;
+    float8 acc8 = 0.0f;          /* lane sums, one horizontal sum per row, not per step */
     FOR_ROW(i, n8) {
         const float8 v = LD8(i, xr);
-        acc += hsum8(v * v);
+        acc8 += v * v;
     }
-    for (int i = (n8 << 3) + lid; i < n; i += LWS) {
+    float acc = hsum8(acc8);
+    for (int i = (n8 << 3) + ROW_LID; i < n; i += ROW_STEP) {
         const float v = LD1(i, xr);
         acc += v * v;
     }
-    const float inv = rsqrt(block_sum(acc, scratch) / (float)n + eps);
+    const float inv = rsqrt(ROW_SUM(acc, scratch) / (float)n + eps);
 
     FOR_ROW(i, n8)
         ST8(LD8(i, xr) * inv * LD8(i, w), i, yr);
-    for (int i = (n8 << 3) + lid; i < n; i += LWS)
+    for (int i = (n8 << 3) + ROW_LID; i < n; i += ROW_STEP)
         ST1(LD1(i, xr) * inv * LD1(i, w), i, yr);
+    }
     NT_FENCE();
 }
 
@@ -35,21 +39,22 @@ KERNEL void KN(rms_norm)(__global const T *restrict x, __global const T *restric
  * has_bias == 0: b is ignored (the host passes any buffer). */
 KERNEL void KN(layer_norm)(__global const T *restrict x, __global const T *restrict w,
                            __global const T *restrict b, __global T *restrict y,
-                           const int n, const float eps, const int has_bias)
+                           const int n, const float eps, const int has_bias, const int rows)
 {
     __local float scratch[LWS];
-    const int lid = get_local_id(0);
-    const long base = (long)get_group_id(0) * n;
+    const int n8 = n >> 3;
+    FOR_ROWS(row, rows) {
+    const long base = (long)row * n;
     __global const T *xr = x + base;
     __global T *yr = y + base;
-    const int n8 = n >> 3;
 
     /* One pass over the row for both moments, shifted by the row's first element so a
      * large mean does not cancel: var = E[(x-K)^2] - E[x-K]^2 with |E[x-K]| ~ one sigma.
      * The output is computed as (x*sc - mean) * inv, with sc = 1 unless the moments
      * overflowed on finite input (|x| near FLT_MAX): then they are recomputed for x/max|x|.
-     * That branch is uniform over the work-group (every item holds the same reduced
-     * values), so its barriers are reached by all items or none. */
+     * On GPUs that branch is uniform over the work-group (every item holds the same
+     * reduced values), so its barriers are reached by all items or none; on CPUs a row
+     * has one item and there are no barriers. */
     float k = LD1(0, xr);
     k = isfinite(k) ? k : 0.0f;          /* an inf/NaN row must still come out NaN */
     float sc = 1.0f, eps_s = eps, mean, var;
@@ -61,23 +66,23 @@ KERNEL void KN(layer_norm)(__global const T *restrict x, __global const T *restr
             s2 += d * d;
         }
         float a1 = hsum8(s1), a2 = hsum8(s2);
-        for (int i = (n8 << 3) + lid; i < n; i += LWS) {
+        for (int i = (n8 << 3) + ROW_LID; i < n; i += ROW_STEP) {
             const float d = LD1(i, xr) - k;
             a1 += d;
             a2 += d * d;
         }
-        const float m1 = block_sum(a1, scratch) / (float)n;
+        const float m1 = ROW_SUM(a1, scratch) / (float)n;
         mean = k + m1;
-        var = block_sum(a2, scratch) / (float)n - m1 * m1;
+        var = ROW_SUM(a2, scratch) / (float)n - m1 * m1;
     }
     if (!(isfinite(mean) && isfinite(var))) {
         float8 mx = 0.0f;
         FOR_ROW(i, n8)
             mx = nmax8(mx, as_float8(as_int8(LD8(i, xr)) & (int8)(0x7fffffff)));
         float amax = hmax8(mx);
-        for (int i = (n8 << 3) + lid; i < n; i += LWS)
+        for (int i = (n8 << 3) + ROW_LID; i < n; i += ROW_STEP)
             amax = nmax1(amax, fabs(LD1(i, xr)));
-        amax = block_max(amax, scratch);
+        amax = ROW_MAX(amax, scratch);
         if (isfinite(amax) && amax > 0.0f) {   /* finite row: rescale; else NaN stays */
             sc = 1.0f / amax;
             eps_s = eps * sc * sc;
@@ -89,14 +94,14 @@ KERNEL void KN(layer_norm)(__global const T *restrict x, __global const T *restr
                 s2 += d * d;
             }
             float a1 = hsum8(s1), a2 = hsum8(s2);
-            for (int i = (n8 << 3) + lid; i < n; i += LWS) {
+            for (int i = (n8 << 3) + ROW_LID; i < n; i += ROW_STEP) {
                 const float d = LD1(i, xr) * sc - ks;
                 a1 += d;
                 a2 += d * d;
             }
-            const float m1 = block_sum(a1, scratch) / (float)n;
+            const float m1 = ROW_SUM(a1, scratch) / (float)n;
             mean = ks + m1;
-            var = block_sum(a2, scratch) / (float)n - m1 * m1;
+            var = ROW_SUM(a2, scratch) / (float)n - m1 * m1;
         }
     }
     var = var < 0.0f ? 0.0f : var;       /* rounding; NaN passes (fmax would drop it) */
@@ -105,13 +110,14 @@ KERNEL void KN(layer_norm)(__global const T *restrict x, __global const T *restr
     if (has_bias) {
         FOR_ROW(i, n8)
             ST8((LD8(i, xr) * sc - mean) * inv * LD8(i, w) + LD8(i, b), i, yr);
-        for (int i = (n8 << 3) + lid; i < n; i += LWS)
+        for (int i = (n8 << 3) + ROW_LID; i < n; i += ROW_STEP)
             ST1((LD1(i, xr) * sc - mean) * inv * LD1(i, w) + LD1(i, b), i, yr);
     } else {
         FOR_ROW(i, n8)
             ST8((LD8(i, xr) * sc - mean) * inv * LD8(i, w), i, yr);
-        for (int i = (n8 << 3) + lid; i < n; i += LWS)
+        for (int i = (n8 << 3) + ROW_LID; i < n; i += ROW_STEP)
             ST1((LD1(i, xr) * sc - mean) * inv * LD1(i, w), i, yr);
+    }
     }
     NT_FENCE();
 }

@@ -124,6 +124,26 @@ def test_kernels_all_variants(cl_ok, monkeypatch, shape, dtype, variant):
         np.testing.assert_array_equal(out, y, err_msg=name)
 
 
+@pytest.mark.parametrize("dtype,variant", VARIANTS, ids=["f32a", "f32-unaligned", "f32n", "f16"])
+def test_row_kernels_cut_into_column_pieces(cl_ok, monkeypatch, dtype, variant):
+    """CPU layout: with fewer rows than work-items the gated and rope kernels cut each row
+    into ncut column pieces (the last one also does the scalar tail)."""
+    monkeypatch.setattr(ocl, "MIN_CUT_ELEMS", 16)
+    if variant == "streaming":
+        monkeypatch.setattr(ocl, "NT_MIN_BYTES", 0)
+    st = ocl._state()
+    if st.cpu_layout:
+        assert ocl._row_grid2(st, 1030 // 8, 1030, 1)[1] > 1
+        assert ocl._row_grid(st, 3) == (3 * st.lws,)
+    rng = np.random.default_rng(11)
+    for shape in ((1, 1030), (3, 2060), (2, 4096), (5, 18)):
+        x = _host(shape, dtype, rng, variant == "unaligned")
+        cases = _cases(x, rng)
+        for name in ("swiglu", "geglu", "geglu_tanh", "rope", "rope_interleaved"):
+            call, want = cases[name]
+            _check(call(None), want, x, name)
+
+
 def test_copy_mode_and_buffer_pool(fresh):
     ocl._HOST_MODE = "copy"
     rng = np.random.default_rng(1)
@@ -420,6 +440,10 @@ def test_activations_at_extreme_inputs(cl_ok):
     np.testing.assert_array_equal(ocl.silu(big, None)[0, :5],
                                   np.array([-0.0, 100.0, -0.0, 1e30, np.inf], np.float32))
     assert np.isnan(ocl.silu(big, None)[0, 5])
+    for approx in ("none", "tanh"):   # erf / exp saturate exactly: 0 and x, not ~1e23
+        np.testing.assert_array_equal(ocl.gelu(big, approx, None)[0, :5],
+                                      np.array([0.0, 100.0, 0.0, 1e30, np.inf], np.float32))
+        assert np.isnan(ocl.gelu(big, approx, None)[0, 5])
     sm = ocl.softmax(np.array([[1.0, np.inf, 2.0] * 4, [0.0, -np.inf, 1.0] * 4], np.float32), None)
     assert np.isnan(sm[0]).all() and (sm[1, 1::3] == 0).all()
 

@@ -124,10 +124,11 @@ def local_size(device) -> int:
     """The one fixed local size of a device (a power of two): TENSOR_OPS_OPENCL_LWS, else
     4 on CPUs, 256 on GPUs; capped by the device.
 
-    PoCL runs a group's work-items one after another in a loop, so on a CPU a group is
-    only the unit of the reduction tree: measured on PoCL 3.0 (8192x4096 fp32), rms_norm
-    takes ~10 ms at 4, ~24 ms at 16, ~47 ms at 64. PoCL 3.0's compiler aborts on the
-    barrier loops at 1 and 2, so 4 is the floor."""
+    PoCL runs a group's work-items one after another in a loop on one thread, so on a CPU
+    a group is only a unit of scheduling (the CPU layout of common.cl has no reductions
+    across items): measured on PoCL 3.0 (8192x4096 fp32) with the earlier row-per-group
+    layout, rms_norm took ~10 ms at 4, ~24 ms at 16, ~47 ms at 64. PoCL 3.0's compiler
+    aborts on the (GPU layout's) barrier loops at 1 and 2, so 4 is the floor."""
     env = os.environ.get("TENSOR_OPS_OPENCL_LWS", "").strip()
     want = int(env) if env.isdigit() and int(env) > 0 else (4 if _is_cpu(device) else 256)
     want = max(want, 4)
@@ -281,12 +282,13 @@ def select_device():
 
 _I32, _I64, _F32S = np.int32, np.int64, np.float32
 _ARG_TYPES = {   # kernel name without storage suffix -> pyopencl scalar arg dtypes
-    "rms_norm": [None, None, None, _I32, _F32S],
-    "layer_norm": [None, None, None, None, _I32, _F32S, _I32],
-    "softmax": [None, None, _I32],
+    # (row kernels take the row count last: on CPUs each work-item loops over its rows)
+    "rms_norm": [None, None, None, _I32, _F32S, _I32],
+    "layer_norm": [None, None, None, None, _I32, _F32S, _I32, _I32],
+    "softmax": [None, None, _I32, _I32],
     **{k: [None, None, _I64] for k in ("silu", "relu", "gelu", "gelu_tanh")},
-    **{k: [None, None, _I32] for k in ("swiglu", "geglu", "geglu_tanh")},
-    **{k: [None, None, None, None, _I32, _I32] for k in ("rope", "rope_interleaved")},
+    **{k: [None, None, _I32, _I32, _I32] for k in ("swiglu", "geglu", "geglu_tanh")},
+    **{k: [None, None, None, None, _I32, _I32, _I32, _I32] for k in ("rope", "rope_interleaved")},
 }
 
 _KERNEL_FAMILY = {"rms_norm": "norms", "layer_norm": "norms", "softmax": "softmax",
@@ -305,6 +307,7 @@ class _Device:
         self.ctx = ctx if ctx is not None else cl.Context([device])
         self.queue = queue if queue is not None else cl.CommandQueue(self.ctx)
         self.lws = local_size(device)
+        self.cpu_layout = _cpu_layout(device)   # as built into the programs (build_options)
         self.fp16_ext = "cl_khr_fp16" in device.extensions
         self.cpu = _is_cpu(device)
         unified = bool(device.type & cl.device_type.CPU) or bool(
@@ -534,6 +537,11 @@ def _launch_device(st, knl, arrays, out, scalars, gsize):
 
 
 # ----------------------------------------------------------------------------- ops
+def _st(x) -> _Device:
+    """The state _launch will run ``x`` on (a foreign pyopencl context has its own)."""
+    return _state_for(x) if _is_clarray(x) else _state()
+
+
 def _cols(st, ncols4: int, rows: int):
     """Global x size for column-looping kernels: enough groups to fill the device."""
     per_row = max(1, st.groups // max(rows, 1))
@@ -541,30 +549,57 @@ def _cols(st, ncols4: int, rows: int):
     return g * st.lws
 
 
+def _row_grid(st, rows: int):
+    """Grid of the reduction row kernels (norms, softmax): one work-group per row on GPUs;
+    on CPUs (CPU layout, common.cl FOR_BLOCKS_) a flat grid of up to st.groups groups, no
+    more groups than rows, each taking a block of whole rows (PoCL runs a group on one
+    thread: groups, not items, spread the rows over the threads)."""
+    if st.cpu_layout:
+        return (min(st.groups, max(rows, 1)) * st.lws,)
+    return (rows * st.lws,)
+
+
+#: CPU layout: a row is cut into column pieces (to use every thread when there are fewer
+#: rows than work-groups) only down to this many elements per piece.
+MIN_CUT_ELEMS = 8192
+
+
+def _row_grid2(st, ncols: int, n: int, rows: int):
+    """(grid, ncut) of the 2D row kernels (gated activations, rope), ``ncols`` float4/8
+    steps and ``n`` elements per row: (column groups * LWS, rows) on GPUs; on CPUs the flat
+    grid of _row_grid over rows * ncut units, ncut column pieces per row (common.cl)."""
+    if not st.cpu_layout:
+        return (_cols(st, ncols, rows), rows), 1
+    g = st.groups
+    ncut = 1 if rows >= g else max(1, min(-(-g // max(rows, 1)), n // MIN_CUT_ELEMS))
+    return _row_grid(st, rows * ncut), ncut
+
+
 def rms_norm(x, weight, eps, out):
-    st = _state()
+    st = _st(x)
     rows, n = x.shape
     return _launch("rms_norm", x.dtype, [x, weight], out, x.shape,
-                   [np.int32(n), np.float32(eps)], (rows * st.lws,), n % 4 == 0)
-
-
-def layer_norm(x, weight, bias, eps, out):
-    st = _state()
-    rows, n = x.shape
-    return _launch("layer_norm", x.dtype, [x, weight, bias], out, x.shape,
-                   [np.int32(n), np.float32(eps), np.int32(bias is not None)],
-                   (rows * st.lws,), n % 4 == 0)
-
-
-def softmax(x, out):
-    st = _state()
-    rows, n = x.shape
-    return _launch("softmax", x.dtype, [x], out, x.shape, [np.int32(n)], (rows * st.lws,),
+                   [np.int32(n), np.float32(eps), np.int32(rows)], _row_grid(st, rows),
                    n % 4 == 0)
 
 
+def layer_norm(x, weight, bias, eps, out):
+    st = _st(x)
+    rows, n = x.shape
+    return _launch("layer_norm", x.dtype, [x, weight, bias], out, x.shape,
+                   [np.int32(n), np.float32(eps), np.int32(bias is not None), np.int32(rows)],
+                   _row_grid(st, rows), n % 4 == 0)
+
+
+def softmax(x, out):
+    st = _st(x)
+    rows, n = x.shape
+    return _launch("softmax", x.dtype, [x], out, x.shape, [np.int32(n), np.int32(rows)],
+                   _row_grid(st, rows), n % 4 == 0)
+
+
 def _eltwise(kname, x, out):
-    st = _state()
+    st = _st(x)
     total = int(np.prod(x.shape))
     return _launch(kname, x.dtype, [x], out, x.shape, [np.int64(total)],
                    (_cols(st, total // 8, 1),))
@@ -583,11 +618,12 @@ def gelu(x, approximate, out):
 
 
 def _gated(kname, x, out):
-    st = _state()
+    st = _st(x)
     rows, n2 = x.shape
     h = n2 // 2
-    return _launch(kname, x.dtype, [x], out, (rows, h), [np.int32(h)],
-                   (_cols(st, h // 8, rows), rows), h % 4 == 0)
+    grid, ncut = _row_grid2(st, h // 8, h, rows)
+    return _launch(kname, x.dtype, [x], out, (rows, h),
+                   [np.int32(h), np.int32(rows), np.int32(ncut)], grid, h % 4 == 0)
 
 
 def swiglu(x, out):
@@ -599,15 +635,13 @@ def geglu(x, approximate, out):
 
 
 def rope(x, cos, sin, interleaved, out):
-    st = _state()
+    st = _st(x)
     rows, n = x.shape
-    if interleaved:
-        return _launch("rope_interleaved", x.dtype, [x, cos, sin], out, x.shape,
-                       [np.int32(n), np.int32(cos.shape[0])], (_cols(st, n // 4, rows), rows),
-                       n % 4 == 0)
-    return _launch("rope", x.dtype, [x, cos, sin], out, x.shape,
-                   [np.int32(n), np.int32(cos.shape[0])], (_cols(st, n // 8, rows), rows),
-                   n % 8 == 0)
+    kname = "rope_interleaved" if interleaved else "rope"
+    grid, ncut = _row_grid2(st, n // 4 if interleaved else n // 8, n, rows)
+    return _launch(kname, x.dtype, [x, cos, sin], out, x.shape,
+                   [np.int32(n), np.int32(cos.shape[0]), np.int32(rows), np.int32(ncut)], grid,
+                   n % 4 == 0 if interleaved else n % 8 == 0)
 
 
 _FNS = {"rms_norm": rms_norm, "layer_norm": layer_norm, "softmax": softmax, "silu": silu,
