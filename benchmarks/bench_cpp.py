@@ -14,8 +14,9 @@ bench``. Everything is measured side by side in the same process, interleaved, b
 - ``out_gbps``: the cpp kernel through the facade with ``out=`` preallocated;
 - ``fresh_s`` / ``numpy_s`` / ``torch_s``: a fresh output each call for cpp, the NumPy
   formula and torch eager (torch with the same thread count).
-Bytes are the big tensors read plus written (weights and rope's (T, n) tables excluded;
-rope runs on x viewed as (rows/T, T, n) with T = 1024 positions).
+Bytes are the big tensors read plus written: x and the output, and for rope also its two
+(T, n) float32 tables, which the kernel must read once (16 MiB each at 8192x4096; the (n,)
+norm weights are left out). rope runs on x viewed as (rows/T, T, n) with T = 1024 positions.
 """
 from __future__ import annotations
 
@@ -167,8 +168,8 @@ def run(sizes=((8192, 4096),), ops=OPS, dtypes=("float32",), reps: int = 7, thre
                 xin = x.reshape(R // T, T, N) if op == "rope" else x
                 glu = op in ("swiglu", "geglu")
                 out = np.empty((R, N // 2) if glu else (R, N), dt)
-                nbytes = x.nbytes + out.nbytes
-                src = x.reshape(-1)[: nbytes // 2 // x.itemsize]
+                nbytes = x.nbytes + out.nbytes + (cos.nbytes + sin.nbytes if op == "rope" else 0)
+                src = np.ones(nbytes // 2, np.uint8)   # the copy reads and writes nbytes in all
                 dst = np.empty_like(src)
                 fns = {"copy": _copy2(src, dst),
                        "out": _facade_call(to, op, xin, w, b, cos, sin, out.reshape(xin.shape) if op == "rope" else out),
