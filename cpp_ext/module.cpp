@@ -12,12 +12,19 @@
 #include <pybind11/numpy.h>
 #include <pybind11/pybind11.h>
 
+#include <atomic>
 #include <cctype>
 #include <cstdlib>
 #include <cstring>
+#include <map>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <vector>
+
+#if defined(__linux__)
+#include <sys/mman.h>
+#endif
 
 #if defined(_OPENMP)
 #include <omp.h>
@@ -266,19 +273,145 @@ void rows_n(const Arr& a, const char* name, int64_t& rows, int64_t& n) {
     rows = n ? a.size / n : 0;
 }
 
-py::array new_like(const Arr& x, int64_t last = -1) {
-    std::vector<py::ssize_t> shape(x.shape, x.shape + x.nd);
-    if (last >= 0) shape.back() = last;
-    return py::array(py::reinterpret_borrow<py::dtype>(proxy(x.obj)->descr), shape);
+// ---------------------------------------------------------------------------- output blocks
+// Fresh outputs of at least g_cache_min bytes come from a bounded cache of blocks instead of
+// malloc. Why: glibc serves such sizes with mmap and unmaps them on free, so every fresh
+// 128 MiB result page-faults 32768 zeroed 4 KiB pages (~14 ms on the dev box, longer than
+// the kernel that fills it). A block freed by NumPy (the array's base is a capsule) goes
+// back to the cache and the next result of that size reuses it, already mapped; blocks are
+// 2 MiB-aligned and advised MADV_HUGEPAGE, so even the first touch faults 512x less often.
+// Sizes are rounded up to 2 MiB. At most g_cache_cap bytes stay cached (free beyond that);
+// TENSOR_OPS_CPP_CACHE_MB sets the cap (0 disables the cache), empty_cache() frees them all.
+constexpr size_t BLOCK_ALIGN = 2u << 20;
+int64_t g_cache_min = 1 << 20;
+int64_t g_cache_cap = int64_t(1) << 30;
+
+struct BlockCache {
+    std::mutex mu;
+    std::multimap<size_t, void*> free_blocks;  // rounded size -> block
+    int64_t cached = 0, hits = 0, misses = 0;
+};
+BlockCache& block_cache() {
+    static BlockCache* c = new BlockCache();  // never destroyed: capsules may outlive exit handlers
+    return *c;
+}
+
+size_t round_block(size_t bytes) { return (bytes + BLOCK_ALIGN - 1) / BLOCK_ALIGN * BLOCK_ALIGN; }
+
+void* block_get(size_t size) {
+    BlockCache& c = block_cache();
+    {
+        std::lock_guard<std::mutex> g(c.mu);
+        auto it = c.free_blocks.find(size);
+        if (it != c.free_blocks.end()) {
+            void* p = it->second;
+            c.free_blocks.erase(it);
+            c.cached -= (int64_t)size;
+            ++c.hits;
+            return p;
+        }
+        ++c.misses;
+    }
+    void* p = std::aligned_alloc(BLOCK_ALIGN, size);
+#if defined(__linux__) && defined(MADV_HUGEPAGE)
+    if (p) madvise(p, size, MADV_HUGEPAGE);  // a hint: ignored where THP is off
+#endif
+    return p;
+}
+
+void block_put(void* p, size_t size) {
+    BlockCache& c = block_cache();
+    {
+        std::lock_guard<std::mutex> g(c.mu);
+        if (c.cached + (int64_t)size <= g_cache_cap) {
+            c.free_blocks.emplace(size, p);
+            c.cached += (int64_t)size;
+            return;
+        }
+    }
+    std::free(p);
+}
+
+int64_t empty_cache() {
+    BlockCache& c = block_cache();
+    std::multimap<size_t, void*> drop;
+    int64_t freed;
+    {
+        std::lock_guard<std::mutex> g(c.mu);
+        drop.swap(c.free_blocks);
+        freed = c.cached;
+        c.cached = 0;
+    }
+    for (auto& kv : drop) std::free(kv.second);
+    return freed;
+}
+
+struct BlockRef { void* p; size_t size; };
+
+void block_capsule_free(PyObject* cap) {
+    auto* r = (BlockRef*)PyCapsule_GetPointer(cap, "tensor_ops._cpp.block");
+    if (!r) { PyErr_Clear(); return; }
+    block_put(r->p, r->size);
+    delete r;
+}
+
+// A new C-contiguous array of `descr` and `shape` (nd dims), from the block cache when
+// large enough, else NumPy's allocator. Built with NumPy's C API directly: py::array's
+// constructor costs a few hundred ns more, which a (1, 4096) call notices.
+py::object new_array(PyObject* descr, int64_t elsize, int nd, const Py_intptr_t* shape) {
+    auto& api = py::detail::npy_api::get();
+    int64_t size = 1;
+    for (int i = 0; i < nd; ++i) size *= shape[i];
+    const int64_t bytes = size * elsize;
+    Py_INCREF(descr);  // NewFromDescr steals it
+    if (bytes < g_cache_min || g_cache_cap <= 0) {
+        PyObject* a = api.PyArray_NewFromDescr_(api.PyArray_Type_, descr, nd, shape, nullptr, nullptr, 0, nullptr);
+        if (!a) throw py::error_already_set();
+        return py::reinterpret_steal<py::object>(a);
+    }
+    const size_t rounded = round_block((size_t)bytes);
+    void* p = block_get(rounded);
+    if (!p) {
+        Py_DECREF(descr);
+        throw std::bad_alloc();
+    }
+    PyObject* cap = PyCapsule_New(new BlockRef{p, rounded}, "tensor_ops._cpp.block", block_capsule_free);
+    if (!cap) {
+        block_put(p, rounded);
+        Py_DECREF(descr);
+        throw py::error_already_set();
+    }
+    PyObject* a = api.PyArray_NewFromDescr_(api.PyArray_Type_, descr, nd, shape, nullptr, p,
+                                            py::detail::npy_api::NPY_ARRAY_C_CONTIGUOUS_ |
+                                                py::detail::npy_api::NPY_ARRAY_ALIGNED_ |
+                                                py::detail::npy_api::NPY_ARRAY_WRITEABLE_,
+                                            nullptr);
+    if (!a) {
+        Py_DECREF(cap);  // returns the block
+        throw py::error_already_set();
+    }
+    if (api.PyArray_SetBaseObject_(a, cap) < 0) {  // steals cap, even on failure
+        Py_DECREF(a);
+        throw py::error_already_set();
+    }
+    return py::reinterpret_steal<py::object>(a);
+}
+
+py::object new_like(const Arr& x, int64_t last = -1) {
+    Py_intptr_t shape[32];
+    if (x.nd > 32) throw py::value_error("x has more than 32 dimensions");
+    for (int i = 0; i < x.nd; ++i) shape[i] = x.shape[i];
+    if (last >= 0) shape[x.nd - 1] = last;
+    return new_array(proxy(x.obj)->descr, ELSIZE[x.dt], x.nd, shape);
 }
 
 // out: None -> new array shaped like x (last axis = last); else checked and returned.
 py::object get_out(const py::object& out, const Arr& x, Arr& o, bool bf16, const char* name = "out",
                    int64_t last = -1) {
     if (out.is_none()) {
-        py::array a = new_like(x, last);
+        py::object a = new_like(x, last);
         o = get(a, name, bf16, x.dt, true);
-        return std::move(a);
+        return a;
     }
     o = get(out, name, bf16, x.dt, true);
     bool ok = o.nd == x.nd;
@@ -468,6 +601,137 @@ py::object rope(const py::object& x_, const py::object& cos_, const py::object& 
     return res;
 }
 
+// ---------------------------------------------------------------------------- facade fast entries
+// tensor_ops/_facade.py calls these for a plain call (no out=, no backend=, no override) once
+// the resolver has chosen default.cpp for the op. They take only what needs no
+// normalisation: exactly numpy.ndarray, >= 1 dim, non-empty, C-contiguous, aligned, native
+// float32/float16, weights of the same dtype and length, a finite float eps >= 0. Anything
+// else returns None and the facade's general path gives the same result or its error, so
+// there is one set of checks and messages. Why they exist: the facade's Python checks plus
+// pybind11's argument dispatch cost ~1.4 us on a (1, 4096) rms_norm whose kernel takes
+// ~0.5 us. METH_FASTCALL functions skip pybind11's dispatcher. Calls are counted here (the
+// manager adds them to get_backend_info()'s per-impl counts).
+enum FastOp { FO_RMS, FO_LN, FO_SOFTMAX, FO_SILU, FO_RELU, FO_GELU, FO_SWIGLU, FO_GEGLU, FO_COUNT };
+const char* FAST_NAMES[FO_COUNT] = {"rms_norm", "layer_norm", "softmax", "silu", "relu", "gelu", "swiglu", "geglu"};
+std::atomic<int64_t> g_fast_calls[FO_COUNT];
+
+int plain_dt(PyObject* o) {
+    if (Py_TYPE(o) != py::detail::npy_api::get().PyArray_Type_) return -1;
+    auto* p = proxy(o);
+    if (p->nd < 1 || (p->flags & (F_C | F_ALIGNED)) != (F_C | F_ALIGNED)) return -1;
+    auto* d = py::detail::array_descriptor_proxy(p->descr);
+    const int dt = d->type_num == NPY_FLOAT_ ? DT_F32 : d->type_num == NPY_HALF_ ? DT_F16 : -1;
+#if defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_BIG_ENDIAN__
+    if (d->byteorder == '<') return -1;
+#else
+    if (d->byteorder == '>') return -1;
+#endif
+    for (int i = 0; i < p->nd; ++i)
+        if (p->dimensions[i] == 0) return -1;
+    return dt;
+}
+inline int64_t last_dim(PyObject* o) { auto* p = proxy(o); return p->dimensions[p->nd - 1]; }
+bool plain_vec(PyObject* w, int dt, int64_t n) {
+    return plain_dt(w) == dt && proxy(w)->nd == 1 && proxy(w)->dimensions[0] == n;
+}
+bool plain_eps(PyObject* e, float& out) {
+    if (!PyFloat_CheckExact(e)) return false;
+    const double v = PyFloat_AS_DOUBLE(e);
+    if (!(v >= 0.0 && v <= 3.4028234663852886e38)) return false;  // NaN, negative, inf: general path
+    out = (float)v;
+    return true;
+}
+int plain_approx(PyObject* a) {  // 0 none, 1 tanh, -1 anything else
+    if (!PyUnicode_CheckExact(a)) return -1;
+    if (PyUnicode_CompareWithASCIIString(a, "none") == 0) return 0;
+    if (PyUnicode_CompareWithASCIIString(a, "tanh") == 0) return 1;
+    return -1;
+}
+inline py::object B(PyObject* o) { return py::reinterpret_borrow<py::object>(o); }
+inline PyObject* declined() { Py_RETURN_NONE; }
+
+template <class F>
+PyObject* fast_call(int op, const F& f) {
+    try {
+        py::object r = f();
+        g_fast_calls[op].fetch_add(1, std::memory_order_relaxed);
+        return r.release().ptr();
+    } catch (py::error_already_set& e) {
+        e.restore();
+    } catch (py::builtin_exception& e) {
+        e.set_error();
+    } catch (std::bad_alloc&) {
+        PyErr_NoMemory();
+    } catch (std::exception& e) {
+        PyErr_SetString(PyExc_RuntimeError, e.what());
+    }
+    return nullptr;
+}
+
+PyObject* fast_rms_norm(PyObject*, PyObject* const* a, Py_ssize_t na) {
+    float eps;
+    int dt;
+    if (na != 3 || (dt = plain_dt(a[0])) < 0 || !plain_vec(a[1], dt, last_dim(a[0])) || !plain_eps(a[2], eps))
+        return declined();
+    const py::object none = py::none();
+    return fast_call(FO_RMS, [&] { return rms_norm(B(a[0]), B(a[1]), eps, none, none, false, none); });
+}
+PyObject* fast_layer_norm(PyObject*, PyObject* const* a, Py_ssize_t na) {
+    float eps;
+    int dt;
+    if (na != 4 || (dt = plain_dt(a[0])) < 0 || !plain_vec(a[1], dt, last_dim(a[0])) ||
+        (a[2] != Py_None && !plain_vec(a[2], dt, last_dim(a[0]))) || !plain_eps(a[3], eps))
+        return declined();
+    const py::object none = py::none();
+    return fast_call(FO_LN, [&] { return layer_norm(B(a[0]), B(a[1]), B(a[2]), eps, none, none, none, false, none); });
+}
+PyObject* fast_softmax(PyObject*, PyObject* const* a, Py_ssize_t na) {
+    if (na != 2 || plain_dt(a[0]) < 0 || !PyLong_CheckExact(a[1])) return declined();
+    const long axis = PyLong_AsLong(a[1]);
+    if (axis == -1 && PyErr_Occurred()) {  // overflowed: the general path explains the range
+        PyErr_Clear();
+        return declined();
+    }
+    if (axis != -1 && axis != proxy(a[0])->nd - 1) return declined();
+    const py::object none = py::none();
+    return fast_call(FO_SOFTMAX, [&] { return softmax(B(a[0]), none, none); });
+}
+template <int OP, int UN>
+PyObject* fast_unary(PyObject*, PyObject* const* a, Py_ssize_t na) {
+    if (na != 1 || plain_dt(a[0]) < 0) return declined();
+    const py::object none = py::none();
+    return fast_call(OP, [&] { return unary(UN, B(a[0]), none, none); });
+}
+PyObject* fast_gelu(PyObject*, PyObject* const* a, Py_ssize_t na) {
+    int ap;
+    if (na != 2 || plain_dt(a[0]) < 0 || (ap = plain_approx(a[1])) < 0) return declined();
+    const py::object none = py::none();
+    return fast_call(FO_GELU, [&] { return unary(ap ? UN_GELU_TANH : UN_GELU_ERF, B(a[0]), none, none); });
+}
+PyObject* fast_swiglu(PyObject*, PyObject* const* a, Py_ssize_t na) {
+    if (na != 1 || plain_dt(a[0]) < 0 || last_dim(a[0]) % 2) return declined();
+    const py::object none = py::none();
+    return fast_call(FO_SWIGLU, [&] { return glu(GLU_SWIGLU, B(a[0]), none, none); });
+}
+PyObject* fast_geglu(PyObject*, PyObject* const* a, Py_ssize_t na) {
+    int ap;
+    if (na != 2 || plain_dt(a[0]) < 0 || last_dim(a[0]) % 2 || (ap = plain_approx(a[1])) < 0) return declined();
+    const py::object none = py::none();
+    return fast_call(FO_GEGLU, [&] { return glu(ap ? GLU_GEGLU_TANH : GLU_GEGLU_ERF, B(a[0]), none, none); });
+}
+
+#define TO_FASTCALL(f) reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)(void)>(f))
+PyMethodDef g_fast_defs[] = {
+    {"_fast_rms_norm", TO_FASTCALL(fast_rms_norm), METH_FASTCALL, "(x, weight, eps) -> y or None"},
+    {"_fast_layer_norm", TO_FASTCALL(fast_layer_norm), METH_FASTCALL, "(x, weight, bias, eps) -> y or None"},
+    {"_fast_softmax", TO_FASTCALL(fast_softmax), METH_FASTCALL, "(x, axis) -> y or None"},
+    {"_fast_silu", TO_FASTCALL((fast_unary<FO_SILU, UN_SILU>)), METH_FASTCALL, "(x) -> y or None"},
+    {"_fast_relu", TO_FASTCALL((fast_unary<FO_RELU, UN_RELU>)), METH_FASTCALL, "(x) -> y or None"},
+    {"_fast_gelu", TO_FASTCALL(fast_gelu), METH_FASTCALL, "(x, approximate) -> y or None"},
+    {"_fast_swiglu", TO_FASTCALL(fast_swiglu), METH_FASTCALL, "(x) -> y or None"},
+    {"_fast_geglu", TO_FASTCALL(fast_geglu), METH_FASTCALL, "(x, approximate) -> y or None"},
+    {nullptr, nullptr, 0, nullptr}};
+
 // Per-thread fp32 partials of dgamma/dbeta, reduced after the parallel region and cast.
 py::tuple norm_bwd(bool layer, const py::object& dz_, const py::object& x_, const py::object& mu_,
                    const py::object& rsigma_, const py::object& g_, const py::object& dx_, const py::object& dg_,
@@ -595,6 +859,19 @@ void set_num_threads(int n) {
     g_threads = n;
 }
 
+py::dict cache_info() {
+    BlockCache& c = block_cache();
+    std::lock_guard<std::mutex> g(c.mu);
+    py::dict d;
+    d["cap_bytes"] = g_cache_cap;
+    d["min_bytes"] = g_cache_min;
+    d["cached_bytes"] = c.cached;
+    d["cached_blocks"] = (int64_t)c.free_blocks.size();
+    d["hits"] = c.hits;
+    d["misses"] = c.misses;
+    return d;
+}
+
 py::dict build_info() {
     py::dict d;
     d["selected_isa"] = g_k->isa;
@@ -617,6 +894,7 @@ py::dict build_info() {
     d["num_threads"] = g_threads;
     d["parallel_threshold_bytes"] = g_par_bytes;
     d["nontemporal_threshold_bytes"] = g_nt_bytes;
+    d["output_cache"] = cache_info();
 #if defined(__clang__)
     d["compiler"] = std::string("clang ") + __clang_version__;
 #elif defined(__GNUC__)
@@ -635,6 +913,14 @@ py::dict build_info() {
 
 void init_runtime() {
     select_isa();
+    if (const char* mb = std::getenv("TENSOR_OPS_CPP_CACHE_MB")) {
+        char* end = nullptr;
+        const long long v = std::strtoll(mb, &end, 10);
+        if (!*mb || *end || v < 0)
+            throw py::value_error("TENSOR_OPS_CPP_CACHE_MB=" + std::string(mb) +
+                                  " is not a whole number of MiB >= 0 (0 disables the output block cache)");
+        g_cache_cap = (int64_t)v << 20;
+    }
 #if defined(_OPENMP)
     g_threads = omp_get_max_threads();  // honours OMP_NUM_THREADS
 #endif
@@ -705,5 +991,26 @@ PYBIND11_MODULE(_cpp, m) {
             if (nt_bytes >= 0) g_nt_bytes = nt_bytes;
         },
         "parallel_threshold_bytes"_a = -1, "nontemporal_threshold_bytes"_a = -1);
+    m.def("empty_cache", &empty_cache, "Free every cached output block; returns the bytes freed.");
+    m.def("cache_info", &cache_info);
+    m.def(
+        "_set_cache",
+        [](int64_t cap_bytes, int64_t min_bytes) {
+            if (cap_bytes >= 0) g_cache_cap = cap_bytes;
+            if (min_bytes >= 0) g_cache_min = min_bytes;
+            if (cap_bytes >= 0) empty_cache();
+        },
+        "cap_bytes"_a = -1, "min_bytes"_a = -1);
+    m.def("_fast_calls", []() {
+        py::dict d;
+        for (int i = 0; i < FO_COUNT; ++i) d[FAST_NAMES[i]] = g_fast_calls[i].load(std::memory_order_relaxed);
+        return d;
+    });
+    py::object modname = m.attr("__name__");
+    for (PyMethodDef* d = g_fast_defs; d->ml_name; ++d) {
+        PyObject* f = PyCFunction_NewEx(d, nullptr, modname.ptr());
+        if (!f) throw py::error_already_set();
+        m.add_object(d->ml_name, py::reinterpret_steal<py::object>(f));
+    }
     m.attr("ISA") = g_k->isa;
 }

@@ -128,6 +128,9 @@ inline VI operator-(VI a, VI b) { return {a.v - b.v}; }
 inline VI vsra1(VI a) { return {a.v >> 1}; }
 inline VI viset(int32_t a) { return {a}; }
 inline V vexp2i(VI e) { return {bits_f((uint32_t)(e.v + 127) << 23)}; }  // 2^e, e in [-126,127]
+inline V vround(V a) { return {__builtin_nearbyintf(a.v)}; }  // nearest-even, NaN stays NaN
+// y * 2^e for integral e with 2^e a normal float (vexp keeps it so on this path)
+inline V vldexp(V y, V e) { return y * vexp2i(vcvt_i(e)); }
 
 inline V vload(const float* p) { return {*p}; }
 inline V vload(const f16* p) { return {half_to_f32(p->b)}; }
@@ -183,6 +186,8 @@ inline VI viset(int32_t a) { return {_mm256_set1_epi32(a)}; }
 inline V vexp2i(VI e) {
     return {_mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(e.v, _mm256_set1_epi32(127)), 23))};
 }
+inline V vround(V a) { return {_mm256_round_ps(a.v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC)}; }
+inline V vldexp(V y, V e) { return y * vexp2i(vcvt_i(e)); }  // 2^e must be a normal float
 
 inline V vload(const float* p) { return {_mm256_loadu_ps(p)}; }
 inline V vload(const f16* p) { return {_mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)p))}; }
@@ -246,6 +251,11 @@ inline VI viset(int32_t a) { return {_mm512_set1_epi32(a)}; }
 inline V vexp2i(VI e) {
     return {_mm512_castsi512_ps(_mm512_slli_epi32(_mm512_add_epi32(e.v, _mm512_set1_epi32(127)), 23))};
 }
+inline V vround(V a) { return {_mm512_roundscale_ps(a.v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC)}; }
+// vscalefps: y * 2^e in one instruction, correctly rounded for every e (subnormal results,
+// underflow to 0, overflow to Inf), so vexp needs neither the integer exponent trick nor
+// the two-factor split here.
+inline V vldexp(V y, V e) { return {_mm512_scalef_ps(y.v, e.v)}; }
 
 inline V vload(const float* p) { return {_mm512_loadu_ps(p)}; }
 inline V vload(const f16* p) { return {_mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)p))}; }

@@ -25,33 +25,63 @@ inline float row_max(const T* x, int64_t n) {
     return hmax(vmax(m0, m1));
 }
 
+// e^d for d = x - max <= 0 (or NaN, which passes through vmax). AVX-512: clamped at -104,
+// vscalefps rounds e^-104 (and so e^-Inf of masked entries) to exactly 0 and gives the
+// subnormal results in between, with no blend. Elsewhere: clamped at -87.3 so 2^n stays a
+// normal float, and exact 0 below it, where the dropped results are < 1.2e-38 against a
+// sum >= 1.
+inline V exp_le0(V d) {
+#if TO_ISA == 2
+    V fn, y = vexp_reduced(vmax(vset(-104.0f), d), fn);
+    return vldexp(y, fn);
+#else
+    V fn, y = vexp_reduced(vmax(vset(-87.3f), d), fn);
+    return vsel(vlt(d, vset(-87.3f)), vset(0.0f), vldexp(y, fn));
+#endif
+}
+
+// Prefetch the `bytes` bytes at p (a part of the next row): called from the exp loop,
+// whose arithmetic would otherwise leave the memory bus idle between a row's max pass
+// and the next row's (measured +30% at 8192x4096 fp32 over the hardware prefetcher alone).
+inline void prefetch(const void* p, int bytes) {
+    for (int b = 0; b < bytes; b += 64) __builtin_prefetch((const char*)p + b, 0, 3);
+}
+
 template <class T>
 void softmax_k(const void* xv, void* yv, int64_t rows, int64_t n, float* scratch, bool nt) {
     const T* x = (const T*)xv;
     T* y = (T*)yv;
+    constexpr int STEP = 2 * W * (int)sizeof(T);  // bytes of x per unrolled iteration
     for (int64_t r = 0; r < rows; ++r) {
         const T* xr = x + r * n;
         T* yr = y + r * n;
+        // The next row's start when there is one, else this row's (a harmless re-touch).
+        const char* pf = (const char*)(r + 1 < rows ? xr + n : xr);
         float* e = scratch;
         const V vm = vset(row_max(xr, n));
         double sum = 0.0;
         int64_t i = 0;
         while (i < n) {
             const int64_t end = (n - i > 1024) ? i + 1024 : n;
-            V s = vset(0.0f);
+            // Two independent chains: exp is ~15 dependent instructions deep.
+            V s0 = vset(0.0f), s1 = vset(0.0f);
+            for (; i + 2 * W <= end; i += 2 * W) {
+                prefetch(pf + i * (int64_t)sizeof(T), STEP);
+                V v0 = exp_le0(vload(xr + i) - vm), v1 = exp_le0(vload(xr + i + W) - vm);
+                vstore(e + i, v0);
+                vstore(e + i + W, v1);
+                s0 = s0 + v0;
+                s1 = s1 + v1;
+            }
             for (; i < end; i += W) {
                 const int64_t k = end - i < W ? end - i : W;
-                // Fast exp, with exact 0 below e^-87.3 (masked -Inf entries): the results
-                // it drops are < 1.2e-38 against a sum >= 1; 3 instructions fewer than
-                // the precise vexp in the kernel's only expensive pass.
-                V d = ld(xr + i, k) - vm;
-                V v = vsel(vlt(d, vset(-87.3f)), vset(0.0f), vexp<false>(d));
+                V v = exp_le0(ld(xr + i, k) - vm);
                 st(e + i, v, k);
                 if (k < W) v = vload_part(e + i, k, 0.0f);  // padded lanes must not count
-                s = s + v;
+                s0 = s0 + v;
             }
             i = end;
-            sum += (double)hsum(s);
+            sum += (double)hsum(s0 + s1);
         }
         const V inv = vset((float)(1.0 / sum));
         write_row(

@@ -1,5 +1,5 @@
-# Type stub of the pybind11 module tensor_ops._cpp (source: cpp_ext/; a copy of this
-# file is installed as tensor_ops/_cpp.pyi; keep the two identical).
+# Type stub of the pybind11 module tensor_ops._cpp (source: cpp_ext/module.cpp; a test
+# checks that every public name of the module is declared here).
 #
 # Notes for callers (the facade backend tensor_ops/backends/cpp.py and the tex adapters):
 #
@@ -14,7 +14,9 @@
 #   purpose: the numpy backend serves it.
 # * The feature axis is the last one; x may have any number of leading axes (rows =
 #   size // n). Outputs: `out=None` allocates; a given `out` is written in place (no copy)
-#   and returned. Empty inputs return at once.
+#   and returned. Empty inputs return at once. Fresh outputs of >= 1 MiB come from a
+#   bounded cache of 2 MiB-aligned blocks (their .base is a capsule that gives the block
+#   back when NumPy frees the array): see cache_info() / empty_cache().
 # * Norm statistics (mu, rsigma) are always float32 with one value per row;
 #   rsigma = 1/sqrt(var + eps) (layer_norm) or 1/sqrt(mean(x^2) + eps) (rms_norm).
 #   zero_centered_gamma=True uses (1 + weight) instead of weight (TE's flag).
@@ -93,7 +95,32 @@ def get_num_threads() -> int: ...
 def build_info() -> dict[str, Union[str, int, bool, list, dict]]:
     """selected_isa, vector_width_fp32, compiled_variants, cpu_supports, isa_note, openmp,
     openmp_version, omp_max_threads, num_threads, parallel_threshold_bytes,
-    nontemporal_threshold_bytes, compiler, flags."""
+    nontemporal_threshold_bytes, output_cache, compiler, flags."""
+def cache_info() -> dict[str, int]:
+    """The fresh-output block cache: cap_bytes (TENSOR_OPS_CPP_CACHE_MB, default 1024 MiB;
+    0 disables it), min_bytes (smaller outputs use NumPy's allocator), cached_bytes,
+    cached_blocks, hits, misses."""
+def empty_cache() -> int:
+    """Free every cached output block (arrays still alive keep theirs); returns the bytes freed."""
+def _set_cache(cap_bytes: int = -1, min_bytes: int = -1) -> None:
+    """Test/benchmark hook: set the cache cap (also empties the cache) / the minimum size."""
+
+# ---- the facade's plain-call entries (tensor_ops/_facade.py) ------------------------------
+# METH_FASTCALL functions, positional only. Each takes the facade op's arguments without
+# out=/backend=, computes when they need no normalisation (exactly ndarray, >= 1 dim,
+# non-empty, C-contiguous, aligned, native float32/float16, weights of x's dtype and
+# length, eps a finite float >= 0, approximate "none"/"tanh", softmax axis -1) and
+# returns None otherwise, so the facade's general path gives the result or its error.
+def _fast_rms_norm(x: _Arr, weight: _Arr, eps: float, /) -> Optional[_Arr]: ...
+def _fast_layer_norm(x: _Arr, weight: _Arr, bias: Optional[_Arr], eps: float, /) -> Optional[_Arr]: ...
+def _fast_softmax(x: _Arr, axis: int, /) -> Optional[_Arr]: ...
+def _fast_silu(x: _Arr, /) -> Optional[_Arr]: ...
+def _fast_relu(x: _Arr, /) -> Optional[_Arr]: ...
+def _fast_gelu(x: _Arr, approximate: str, /) -> Optional[_Arr]: ...
+def _fast_swiglu(x: _Arr, /) -> Optional[_Arr]: ...
+def _fast_geglu(x: _Arr, approximate: str, /) -> Optional[_Arr]: ...
+def _fast_calls() -> dict[str, int]:
+    """Calls each entry served (get_backend_info() adds them to default.cpp's counts)."""
 def _exp(x: _Arr, out: Optional[_Arr] = None, *, dtype: _BF16 = None) -> _Arr:
     """Test hook: the vectorised exp the kernels use."""
 def _tanh(x: _Arr, out: Optional[_Arr] = None, *, dtype: _BF16 = None) -> _Arr:

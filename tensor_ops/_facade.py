@@ -49,6 +49,11 @@ _ND = np.ndarray
 _INF = float("inf")
 _F = frozenset(np.dtype(t) for t in (np.float16, np.float32, np.float64))
 _ctx_get = _state.context_backend.get
+# op -> native entry (e.g. tensor_ops._cpp._fast_rms_norm) when the policy's first choice
+# for plain host calls has one: it validates the plain case itself and returns the result,
+# or None to send the call down the general path (same result or the same error). Tier 1
+# of the fast path; _fast() below (the cached resolution, checks in Python) is tier 2.
+_native = _state.fast_fns.get
 
 
 def _fast(op):
@@ -89,6 +94,12 @@ def rms_norm(x, weight, eps=1e-6, *, out=None, backend=None):
         >>> to.rms_norm(np.array([[3.0, 4.0]], np.float32), np.ones(2, np.float32), eps=0.0).round(4)
         array([[0.8485, 1.1314]], dtype=float32)
     """
+    if out is None and backend is None:
+        f = _native("rms_norm")
+        if f is not None and _ctx_get() is None:
+            r = f(x, weight, eps)
+            if r is not None:
+                return r
     if out is None and backend is None and type(eps) is float and 0.0 <= eps < _INF and _plain(x) \
             and type(weight) is _ND and weight.dtype is x.dtype and weight.ndim == 1 \
             and weight.shape[0] == x.shape[1] and weight.flags.carray:
@@ -117,6 +128,12 @@ def layer_norm(x, weight, bias=None, eps=1e-5, *, out=None, backend=None):
         >>> to.layer_norm(np.array([[1.0, 3.0]], np.float32), np.ones(2, np.float32), eps=0.0)
         array([[-1.,  1.]], dtype=float32)
     """
+    if out is None and backend is None:
+        f = _native("layer_norm")
+        if f is not None and _ctx_get() is None:
+            r = f(x, weight, bias, eps)
+            if r is not None:
+                return r
     kx, dt = check_x(x)
     n = x.shape[-1]
     w = check_vector(weight, "weight", n, x, kx, dt)
@@ -137,6 +154,12 @@ def softmax(x, axis=-1, *, out=None, backend=None):
         >>> to.softmax(np.array([[0.0, 0.0]], np.float32))
         array([[0.5, 0.5]], dtype=float32)
     """
+    if out is None and backend is None:
+        f = _native("softmax")
+        if f is not None and _ctx_get() is None:
+            r = f(x, axis)
+            if r is not None:
+                return r
     kx, dt = check_x(x)
     if isinstance(axis, bool) or not isinstance(axis, (int, np.integer)):
         raise TypeError(f"axis must be an int, got {axis!r}")
@@ -164,7 +187,16 @@ def softmax(x, axis=-1, *, out=None, backend=None):
     return _run("softmax", (x2, o2), kx, x, dt, shape, x2.shape, user_out, o2, backend)
 
 
-def _elementwise(op, x, out, backend, extra=()):
+def _elementwise(op, x, out, backend, extra=(), check=None):
+    """``check`` validates ``extra`` after the native entry (which validates it itself)."""
+    if out is None and backend is None:
+        f = _native(op)
+        if f is not None and _ctx_get() is None:
+            r = f(x, *extra)
+            if r is not None:
+                return r
+    if check is not None:
+        extra = (check(*extra),)
     if out is None and backend is None and _plain(x):
         m, res = _fast(op)
         if res is not None:
@@ -214,10 +246,18 @@ def gelu(x, approximate="none", *, out=None, backend=None):
         >>> to.gelu(np.array([0.0], np.float32), approximate="tanh")
         array([0.], dtype=float32)
     """
-    return _elementwise("gelu", x, out, backend, (_check_approximate(approximate),))
+    return _elementwise("gelu", x, out, backend, (approximate,), _check_approximate)
 
 
-def _gated(op, x, out, backend, extra=()):
+def _gated(op, x, out, backend, extra=(), check=None):
+    if out is None and backend is None:
+        f = _native(op)
+        if f is not None and _ctx_get() is None:
+            r = f(x, *extra)
+            if r is not None:
+                return r
+    if check is not None:
+        extra = (check(*extra),)
     kx, dt = check_x(x)
     n = x.shape[-1]
     if n % 2:
@@ -249,7 +289,7 @@ def geglu(x, approximate="none", *, out=None, backend=None):
         >>> to.geglu(np.array([[0.0, 5.0]], np.float32))
         array([[0.]], dtype=float32)
     """
-    return _gated("geglu", x, out, backend, (_check_approximate(approximate),))
+    return _gated("geglu", x, out, backend, (approximate,), _check_approximate)
 
 
 def _angles(c, name, kx, x, t, n, interleaved, work_dt):

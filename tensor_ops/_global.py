@@ -81,7 +81,9 @@ def _init() -> OpManager:
         _load_env_plugins(registry, True)
         settings = build_settings(os.environ, registry.backends())
         _apply_logging(settings)
-        _manager = OpManager(registry, settings)
+        m = OpManager(registry, settings)
+        m.fast_fns = _state.fast_fns  # the facade's native fast path reads this dict
+        _manager = m
         return _manager
 
 
@@ -114,7 +116,13 @@ def set_backend(name: Optional[str]) -> None:
     """
     if name is not None:
         _check_override(name)
-    _state.global_backend = name
+    m = manager()
+    with m._lock:   # no resolve() can install a fast entry in between
+        _state.global_backend = name
+        m.fast_fns.clear()
+        if name is None:
+            for op, host in m.fast.items():
+                m._install_fast_fn(op, host)
 
 
 @contextlib.contextmanager

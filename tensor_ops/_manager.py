@@ -120,6 +120,9 @@ class OpManager:
         self._avail: dict = {}               # impl -> (ok, reason)
         self._warned: set = set()
         self.fast: dict = {}                 # op -> Resolution of the plain policy (no override, untuned)
+        # op -> a native entry that does the whole plain call (see OpImpl._fast below); the
+        # global manager shares _state.fast_fns with the facade. Cleared in place, never rebound.
+        self.fast_fns: dict = {}
         self._retired: dict = {}             # (op, api) -> [calls by impl, fallbacks] of dropped caches
         self._seq = 0
         self._override_tokens: dict = {}
@@ -143,6 +146,7 @@ class OpManager:
                 acc[1] += res.fallbacks
             self._cache = {}
             self.fast = {}
+            self.fast_fns.clear()
             self._override_tokens = {}
 
     # -- availability -------------------------------------------------------------------
@@ -210,7 +214,22 @@ class OpManager:
                         host.seq = (True, self._seq)
                         self._cache[key + ("host",)] = host
                         self.fast[op] = host
+                        self._install_fast_fn(op, host)
         return res
+
+    def _install_fast_fn(self, op: str, host: Resolution) -> None:
+        """Let the facade call the first candidate's native entry directly, when it has one.
+
+        A backend may set ``impl._fast = (fn, entry, count)``: ``entry`` takes the facade's
+        plain arguments, validates them itself and returns the result, or None to decline
+        (the facade then takes its general path); ``count()`` is how many calls it served.
+        It is used only while ``impl.fn`` is still ``fn`` (a replaced fn, e.g. a fault hook,
+        goes through run() as usual) and never under set_backend(). Called under the lock.
+        """
+        first = host.candidates[0] if host.candidates else None
+        fp = getattr(first, "_fast", None)
+        if fp is not None and first.fn is fp[0] and _state.global_backend is None:
+            self.fast_fns[op] = fp[1]
 
     def _resolve(self, op, api, override, dtype_name, nbytes) -> Resolution:
         s = self.settings
@@ -400,6 +419,12 @@ class OpManager:
                         "source": res.source, "tokens": res.tokens, "excluded": dict(res.excluded),
                         **({"note": res.note} if res.note else {})})
                 out[f"tex:{op}" if api == "tex" and _is_shared(op) else op] = entry
+            for impl in self.registry.all_impls():
+                fp = getattr(impl, "_fast", None)
+                n = fp[2]() if fp is not None and impl.api == "facade" else 0
+                if n:
+                    calls = out.setdefault(impl.op_name, {"api": "facade", "calls": {}, "fallbacks": 0})["calls"]
+                    calls[impl.impl_id] = calls.get(impl.impl_id, 0) + n
             for (op, api, impl_id), (n, reason) in self._failures.items():
                 name = f"tex:{op}" if api == "tex" and _is_shared(op) else op
                 out.setdefault(name, {}).setdefault("failures", {})[impl_id] = {"count": n, "last_error": reason}

@@ -12,3 +12,7 @@ from typing import Optional
 context_backend: contextvars.ContextVar[Optional[str]] = contextvars.ContextVar(
     "tensor_ops_backend", default=None)
 global_backend: Optional[str] = None
+# op -> native entry for the facade's plain calls, filled by the global OpManager when the
+# policy's first candidate has one (OpManager._install_fast_fn), emptied on every
+# invalidation and by set_backend(). One dict for the process: the facade binds its .get.
+fast_fns: dict = {}

@@ -93,8 +93,17 @@ def availability() -> tuple[bool, str]:
             _AVAIL = _decide()
             if _AVAIL[0]:
                 for impl in _IMPLS:
-                    impl.fn = getattr(_MOD, impl.op_name)
+                    _bind_native(impl)
     return _AVAIL
+
+
+def _bind_native(impl) -> None:
+    """Point ``impl`` at the native function, and offer the manager the facade entry."""
+    op = impl.op_name
+    impl.fn = getattr(_MOD, op)
+    entry = getattr(_MOD, "_fast_" + op, None)   # module.cpp's plain-call entry
+    if entry is not None:
+        impl._fast = (impl.fn, entry, lambda: _MOD._fast_calls().get(op, 0))
 
 
 def _decide() -> tuple[bool, str]:
@@ -145,9 +154,10 @@ def register(registry) -> None:
     _F32, _F16 = np.dtype(np.float32), np.dtype(np.float16)
     _DTYPES = frozenset((_F32, _F16))
     for op in OPS:
-        fn = getattr(_MOD, op) if (_AVAIL is not None and _AVAIL[0]) else _stub(op)
-        impl = OpImpl(op_name=op, impl_id=f"default.{NAME}", kind=BackendImplKind.DEFAULT, fn=fn,
+        impl = OpImpl(op_name=op, impl_id=f"default.{NAME}", kind=BackendImplKind.DEFAULT, fn=_stub(op),
                       backend=NAME, supports=_supports, available=availability, api="facade")
+        if _AVAIL is not None and _AVAIL[0]:
+            _bind_native(impl)
         registry.register_impl(impl)
         _IMPLS.append(impl)
 
