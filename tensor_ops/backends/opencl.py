@@ -139,9 +139,10 @@ def local_size(device) -> int:
 
 
 def _cpu_layout(device) -> bool:
-    """Loop layout of the kernels (common.cl): one contiguous chunk per work-item on CPUs,
-    strided (coalesced) on GPUs. TENSOR_OPS_OPENCL_LAYOUT=cpu|gpu overrides (tests run the
-    GPU layout on PoCL with it)."""
+    """Loop layout of the kernels (common.cl): on CPUs each work-item streams whole rows (or
+    one contiguous chunk), with no work-group reduction; on GPUs one work-group per row with
+    a local-memory reduction and strided (coalesced) loops. TENSOR_OPS_OPENCL_LAYOUT=cpu|gpu
+    overrides (tests run the GPU layout on PoCL with it)."""
     env = os.environ.get("TENSOR_OPS_OPENCL_LAYOUT", "").strip().lower()
     return env == "cpu" if env in ("cpu", "gpu") else _is_cpu(device)
 
