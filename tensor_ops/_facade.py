@@ -187,14 +187,20 @@ def softmax(x, axis=-1, *, out=None, backend=None):
     return _run("softmax", (x2, o2), kx, x, dt, shape, x2.shape, user_out, o2, backend)
 
 
-def _elementwise(op, x, out, backend, extra=(), check=None):
-    """``check`` validates ``extra`` after the native entry (which validates it itself)."""
+def _plain_native(op, x, out, backend, extra):
+    """The native entry's result for a plain call of a one-array op, or None (general path)."""
     if out is None and backend is None:
         f = _native(op)
         if f is not None and _ctx_get() is None:
-            r = f(x, *extra)
-            if r is not None:
-                return r
+            return f(x, *extra)
+    return None
+
+
+def _elementwise(op, x, out, backend, extra=(), check=None):
+    """``check`` validates ``extra`` after the native entry (which validates it itself)."""
+    r = _plain_native(op, x, out, backend, extra)
+    if r is not None:
+        return r
     if check is not None:
         extra = (check(*extra),)
     if out is None and backend is None and _plain(x):
@@ -250,12 +256,9 @@ def gelu(x, approximate="none", *, out=None, backend=None):
 
 
 def _gated(op, x, out, backend, extra=(), check=None):
-    if out is None and backend is None:
-        f = _native(op)
-        if f is not None and _ctx_get() is None:
-            r = f(x, *extra)
-            if r is not None:
-                return r
+    r = _plain_native(op, x, out, backend, extra)
+    if r is not None:
+        return r
     if check is not None:
         extra = (check(*extra),)
     kx, dt = check_x(x)
