@@ -122,11 +122,9 @@ inline V vxor(V a, V b) { return {bits_f(f_bits(a.v) ^ f_bits(b.v))}; }
 // round half away from zero: only ever used on |x| < 2^8, where that is all we need;
 // NaN maps to 0 (a NaN -> int cast is undefined behaviour in C++, unlike cvtps2dq).
 inline VI vcvt_i(V a) { return {a.v == a.v ? (int32_t)(a.v + (a.v >= 0.f ? 0.5f : -0.5f)) : 0}; }
-inline V vcvt_f(VI a) { return {(float)a.v}; }
 inline VI operator+(VI a, VI b) { return {a.v + b.v}; }
 inline VI operator-(VI a, VI b) { return {a.v - b.v}; }
 inline VI vsra1(VI a) { return {a.v >> 1}; }
-inline VI viset(int32_t a) { return {a}; }
 inline V vexp2i(VI e) { return {bits_f((uint32_t)(e.v + 127) << 23)}; }  // 2^e, e in [-126,127]
 inline V vround(V a) { return {__builtin_nearbyintf(a.v)}; }  // nearest-even, NaN stays NaN
 // y * 2^e for integral e with 2^e a normal float (vexp keeps it so on this path)
@@ -178,11 +176,9 @@ inline M vlt(V a, V b) { return {_mm256_cmp_ps(a.v, b.v, _CMP_LT_OQ)}; }
 inline V vsel(M m, V a, V b) { return {_mm256_blendv_ps(b.v, a.v, m.m)}; }
 inline V vxor(V a, V b) { return {_mm256_xor_ps(a.v, b.v)}; }
 inline VI vcvt_i(V a) { return {_mm256_cvtps_epi32(a.v)}; }  // MXCSR default: nearest-even
-inline V vcvt_f(VI a) { return {_mm256_cvtepi32_ps(a.v)}; }
 inline VI operator+(VI a, VI b) { return {_mm256_add_epi32(a.v, b.v)}; }
 inline VI operator-(VI a, VI b) { return {_mm256_sub_epi32(a.v, b.v)}; }
 inline VI vsra1(VI a) { return {_mm256_srai_epi32(a.v, 1)}; }
-inline VI viset(int32_t a) { return {_mm256_set1_epi32(a)}; }
 inline V vexp2i(VI e) {
     return {_mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(e.v, _mm256_set1_epi32(127)), 23))};
 }
@@ -243,11 +239,9 @@ inline M vlt(V a, V b) { return {_mm512_cmp_ps_mask(a.v, b.v, _CMP_LT_OQ)}; }
 inline V vsel(M m, V a, V b) { return {_mm512_mask_blend_ps(m.m, b.v, a.v)}; }
 inline V vxor(V a, V b) { return {_mm512_xor_ps(a.v, b.v)}; }
 inline VI vcvt_i(V a) { return {_mm512_cvtps_epi32(a.v)}; }
-inline V vcvt_f(VI a) { return {_mm512_cvtepi32_ps(a.v)}; }
 inline VI operator+(VI a, VI b) { return {_mm512_add_epi32(a.v, b.v)}; }
 inline VI operator-(VI a, VI b) { return {_mm512_sub_epi32(a.v, b.v)}; }
 inline VI vsra1(VI a) { return {_mm512_srai_epi32(a.v, 1)}; }
-inline VI viset(int32_t a) { return {_mm512_set1_epi32(a)}; }
 inline V vexp2i(VI e) {
     return {_mm512_castsi512_ps(_mm512_slli_epi32(_mm512_add_epi32(e.v, _mm512_set1_epi32(127)), 23))};
 }
