@@ -25,6 +25,10 @@
 #if defined(__linux__)
 #include <sys/mman.h>
 #endif
+#if defined(__unix__) || defined(__APPLE__)
+#include <pthread.h>
+#define TO_HAVE_ATFORK 1
+#endif
 
 #if defined(_OPENMP)
 #include <omp.h>
@@ -133,6 +137,21 @@ void select_isa() {
 }
 
 // ---------------------------------------------------------------------------- threads
+// libgomp cannot run a parallel region in a child forked after the parent ran one: the
+// child waits for the parent's pool threads, which fork did not copy (measured: a hang on
+// the child's first multi-threaded call, e.g. in multiprocessing's fork workers). So a
+// child forked after OpenMP was used runs every kernel on its calling thread, for good.
+std::atomic<bool> g_omp_used{false};
+bool g_forked_after_omp = false;
+#ifdef TO_HAVE_ATFORK
+void at_fork_child() {
+    if (g_omp_used.load(std::memory_order_relaxed)) {
+        g_forked_after_omp = true;
+        g_threads = 1;
+    }
+}
+#endif
+
 int threads_for(int64_t bytes, int64_t units) {
     if (bytes < g_par_bytes || g_threads <= 1) return 1;
     return (int)(units < g_threads ? units : g_threads);
@@ -150,6 +169,7 @@ void parallel_units(int64_t units, int nt, const F& f) {
         return;
     }
 #if defined(_OPENMP)
+    g_omp_used.store(true, std::memory_order_relaxed);
     const int64_t chunks = units < (int64_t)nt * 8 ? units : (int64_t)nt * 8;
 #pragma omp parallel num_threads(nt)
     {
@@ -854,9 +874,11 @@ double l2norm_sq(const py::object& x_, const py::object& dtype) {
     return s;
 }
 
-void set_num_threads(int n) {
+// Returns the thread count in force (1 in a child forked after OpenMP ran, whatever n is).
+int set_num_threads(int n) {
     if (n < 1) throw py::value_error("set_num_threads(" + std::to_string(n) + "): need n >= 1");
-    g_threads = n;
+    g_threads = g_forked_after_omp ? 1 : n;
+    return g_threads;
 }
 
 py::dict cache_info() {
@@ -892,6 +914,9 @@ py::dict build_info() {
     d["omp_max_threads"] = 1;
 #endif
     d["num_threads"] = g_threads;
+    d["threads_note"] = g_forked_after_omp ? "1 thread: this process was forked after its parent ran OpenMP "
+                                             "kernels, and libgomp cannot run parallel regions in such a child"
+                                           : "";
     d["parallel_threshold_bytes"] = g_par_bytes;
     d["nontemporal_threshold_bytes"] = g_nt_bytes;
     d["output_cache"] = cache_info();
@@ -913,6 +938,9 @@ py::dict build_info() {
 
 void init_runtime() {
     select_isa();
+#ifdef TO_HAVE_ATFORK
+    pthread_atfork(nullptr, nullptr, at_fork_child);
+#endif
     if (const char* mb = std::getenv("TENSOR_OPS_CPP_CACHE_MB")) {
         char* end = nullptr;
         const long long v = std::strtoll(mb, &end, 10);

@@ -89,12 +89,14 @@ def l2norm_sq(x: _Arr, *, dtype: _BF16 = None) -> float:
     double. Inf/NaN inputs give Inf/NaN."""
 
 # ---- runtime -----------------------------------------------------------------------------
-def set_num_threads(n: int) -> None:
-    """Threads for the kernels (default: omp_get_max_threads(), i.e. OMP_NUM_THREADS)."""
+def set_num_threads(n: int) -> int:
+    """Threads for the kernels (default: omp_get_max_threads(), i.e. OMP_NUM_THREADS).
+    Returns the count in force: always 1 in a process forked after its parent ran OpenMP
+    kernels (libgomp hangs in such a child; build_info()["threads_note"] says so)."""
 def get_num_threads() -> int: ...
 def build_info() -> dict[str, Union[str, int, bool, list, dict]]:
     """selected_isa, vector_width_fp32, compiled_variants, cpu_supports, isa_note, openmp,
-    openmp_version, omp_max_threads, num_threads, parallel_threshold_bytes,
+    openmp_version, omp_max_threads, num_threads, threads_note, parallel_threshold_bytes,
     nontemporal_threshold_bytes, output_cache, compiler, flags."""
 def cache_info() -> dict[str, int]:
     """The fresh-output block cache: cap_bytes (TENSOR_OPS_CPP_CACHE_MB, default 1024 MiB;

@@ -574,12 +574,12 @@ def test_registered_impls_call_native_functions(C):
     assert not impls["silu"].supports([[1.0]], None)
 
 
-def _run_py(code: str, **env):
+def _run_py(code: str, timeout: int = 600, **env):
     e = dict(os.environ)
     e.update(env)
     e["PYTHONPATH"] = ROOT + os.pathsep + e.get("PYTHONPATH", "")
     return subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True,
-                          env=e, cwd=ROOT, timeout=600)
+                          env=e, cwd=ROOT, timeout=timeout)
 
 
 def test_register_loads_no_native_code():
@@ -647,3 +647,47 @@ def test_stub_lists_the_module_api(C):
     declared = set(re.findall(r"^def (\w+)\(", text, re.M)) | set(re.findall(r"^(\w+): ", text, re.M))
     public = {n for n in dir(C) if not n.startswith("__")}
     assert public <= declared, f"missing from the stub: {sorted(public - declared)}"
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="os.fork is POSIX-only")
+def test_fork_after_parallel_kernels_does_not_hang(C):
+    """libgomp hangs in a child forked after the parent ran a parallel region; the module
+    runs such a child single-threaded (and says so) instead. A child forked before any
+    parallel region keeps its threads."""
+    r = _run_py("""
+        import json, os, warnings, numpy as np
+        import tensor_ops._cpp as C
+        from tensor_ops.backends import cpp
+
+        def in_child(work):
+            rd, wr = os.pipe()
+            pid = os.fork()
+            if pid == 0:
+                os.write(wr, json.dumps(work()).encode())
+                os._exit(0)
+            os.close(wr)
+            got = json.loads(os.read(rd, 65536).decode())
+            os.waitpid(pid, 0)
+            return got
+
+        def late_child():
+            with warnings.catch_warnings(record=True) as rec:
+                warnings.simplefilter("always")
+                cpp.set_num_threads(2)
+            z = C.silu(x)
+            return {"same": bool((z == y).all()), "threads": C.get_num_threads(),
+                    "note": C.build_info()["threads_note"], "warned": [str(w.message) for w in rec]}
+
+        C.set_num_threads(2)
+        x = np.random.default_rng(0).standard_normal((4096, 1024)).astype(np.float32)
+        early = in_child(lambda: {"threads": C.get_num_threads(), "sum": float(C.silu(x).sum())})
+        y = C.silu(x)                              # 16 MiB: a parallel region in this process
+        late = in_child(late_child)
+        print(json.dumps({"early": early, "late": late, "parent_threads": C.get_num_threads()}))
+    """, timeout=120)   # a hang (the bug this guards against) fails in 2 minutes
+    assert r.returncode == 0, r.stderr
+    got = __import__("json").loads(r.stdout.strip().splitlines()[-1])
+    assert got["early"]["threads"] == 2 and got["parent_threads"] == 2
+    late = got["late"]
+    assert late["same"] and late["threads"] == 1 and "forked" in late["note"], late
+    assert late["warned"] and "kept 1" in late["warned"][0], late

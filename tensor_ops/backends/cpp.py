@@ -189,13 +189,21 @@ def info() -> dict:
 
 
 def set_num_threads(n: int) -> None:
-    """Threads the kernels use (default: OpenMP's, i.e. OMP_NUM_THREADS or the core count)."""
+    """Threads the kernels use (default: OpenMP's, i.e. OMP_NUM_THREADS or the core count).
+
+    In a process forked after its parent ran multi-threaded kernels this stays 1, with a
+    RuntimeWarning: libgomp cannot run parallel regions there (it would hang).
+    """
     if isinstance(n, bool) or not isinstance(n, int) or n < 1:
         raise ValueError(f"set_num_threads expects an int >= 1, got {n!r}")
     ok, reason = availability()
     if not ok:
         raise _error(reason)
-    _MOD.set_num_threads(n)
+    got = _MOD.set_num_threads(n)
+    if got != n:
+        import warnings
+        warnings.warn(f"tensor_ops cpp: set_num_threads({n}) kept {got}: "
+                      f"{_MOD.build_info()['threads_note']}", RuntimeWarning, stacklevel=2)
 
 
 def get_num_threads() -> int:
