@@ -121,8 +121,8 @@ def set_backend(name: Optional[str]) -> None:
         _state.global_backend = name
         m.fast_fns.clear()
         if name is None:
-            for op, host in m.fast.items():
-                m._install_fast_fn(op, host)
+            for op in {r.op for r in m._cache.values() if r.api == "facade"}:
+                m._install_fast_fn(op)
 
 
 @contextlib.contextmanager

@@ -214,21 +214,45 @@ class OpManager:
                         host.seq = (True, self._seq)
                         self._cache[key + ("host",)] = host
                         self.fast[op] = host
-                        self._install_fast_fn(op, host)
+                    if override is None and api == "facade" and op not in self.fast_fns:
+                        self._install_fast_fn(op)
         return res
 
-    def _install_fast_fn(self, op: str, host: Resolution) -> None:
-        """Let the facade call the first candidate's native entry directly, when it has one.
+    #: the dtypes a native plain-call entry computes (it declines every other one)
+    _FAST_DTYPES = ("float32", "float16")
+
+    def _install_fast_fn(self, op: str) -> None:
+        """Let the facade call a native entry directly when the policy always picks its impl.
 
         A backend may set ``impl._fast = (fn, entry, count)``: ``entry`` takes the facade's
         plain arguments, validates them itself and returns the result, or None to decline
         (the facade then takes its general path); ``count()`` is how many calls it served.
-        It is used only while ``impl.fn`` is still ``fn`` (a replaced fn, e.g. a fault hook,
-        goes through run() as usual) and never under set_backend(). Called under the lock.
+        The entry is installed for ``op`` when, for host arrays of every dtype it computes
+        and every size (each tuning bucket, when a tuning table decides the op), the first
+        candidate is that same impl, and only while ``impl.fn`` is still ``fn`` (a replaced
+        fn, e.g. a fault hook, goes through run() as usual); never under set_backend().
+        Called under the lock, on the first resolution of ``op`` after an invalidation.
         """
-        first = host.candidates[0] if host.candidates else None
+        s = self.settings
+        if _state.global_backend is not None:
+            return
+        first = None
+        for dt in self._FAST_DTYPES:
+            sizes = [0]
+            if s is not None and s.tuning_applies(op) and dt in s.tuning_ops[op]:
+                thresholds = s.tuning_ops[op][dt][0]
+                sizes = list(thresholds) + [thresholds[-1] + 1 if thresholds else 0]
+            for nbytes in sizes:
+                try:
+                    cands = self._resolve(op, "facade", None, dt, nbytes).candidates
+                except Exception:      # e.g. a forced backend that is unavailable: no fast path
+                    return
+                host = next((i for i in cands if not getattr(i, "device_only", False)), None)
+                if host is None or (first is not None and host is not first):
+                    return
+                first = host
         fp = getattr(first, "_fast", None)
-        if fp is not None and first.fn is fp[0] and _state.global_backend is None:
+        if fp is not None and first.fn is fp[0]:
             self.fast_fns[op] = fp[1]
 
     def _resolve(self, op, api, override, dtype_name, nbytes) -> Resolution:

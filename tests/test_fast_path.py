@@ -190,6 +190,41 @@ def test_private_managers_do_not_feed_the_facade(C):
     assert m.fast_fns is not _state.fast_fns
 
 
+def _tuned(cfg, table):
+    import json
+    from tensor_ops._policy import machine_fingerprint
+    cfg.write_text(json.dumps({"schema_version": 1, "tuning": {"fingerprint": machine_fingerprint(), "ops": table}}))
+    to.reload_config()
+
+
+def test_tuned_ops_go_native_when_every_bucket_picks_cpp(C, isolated_config):
+    """detect_and_benchmark writes a tuning table for every op: that must not turn the native
+    path off when cpp wins everywhere (the usual outcome on a CPU-only machine)."""
+    cpp_all = [{"max_bytes": 65536, "order": ["cpp", "numpy"]}, {"max_bytes": None, "order": ["cpp", "numpy"]}]
+    _tuned(isolated_config, {"silu": {"float32": cpp_all, "float16": cpp_all}})
+    x = np.ones((2, 8), np.float32)
+    to.silu(x)
+    assert _state.fast_fns.get("silu") is C._fast_silu
+    n = C._fast_calls()["silu"]
+    to.silu(x)
+    to.silu(np.ones((512, 1024), np.float32))     # the other bucket: cpp as well
+    assert C._fast_calls()["silu"] == n + 2
+
+
+def test_tuned_ops_stay_on_the_resolver_when_a_bucket_picks_another_backend(C, isolated_config):
+    _tuned(isolated_config, {"silu": {"float32": [{"max_bytes": 65536, "order": ["cpp", "numpy"]},
+                                                  {"max_bytes": None, "order": ["numpy"]}]}})
+    small, big = np.ones((2, 8), np.float32), np.ones((512, 1024), np.float32)
+    to.silu(small)
+    assert "silu" not in _state.fast_fns
+    before = dict(_counts("silu"))
+    to.silu(small)
+    to.silu(big)
+    after = _counts("silu")
+    assert after.get("default.cpp", 0) == before.get("default.cpp", 0) + 1
+    assert after.get("reference.numpy", 0) == before.get("reference.numpy", 0) + 1
+
+
 # ---------------------------------------------------------------------------- block cache
 def test_fresh_output_blocks_are_reused_never_shared(C):
     rng = np.random.default_rng(4)
