@@ -32,7 +32,8 @@ def get_backend_info() -> dict:
     Returns a dict with: ``version``; ``config`` (path, location, error if invalid);
     ``settings`` (value and source of each); ``backends`` (available, reason, kind, info);
     ``vendors`` (non-built-in impls); ``ops`` (order, selected impl, calls, fallbacks,
-    source); ``plugins`` (loaded/failed with reasons); ``tuning`` status; ``env`` (the
+    source, and ``native_entry`` when plain calls go straight to a native entry, see
+    CONTRIBUTING.md "The fast path for plain calls"); ``plugins`` (loaded/failed with reasons); ``tuning`` status; ``env`` (the
     TENSOR_OPS_* / TE_* variables set).
 
     Example:
@@ -117,6 +118,8 @@ def format_info(info: dict) -> str:
     for op, o in sorted(ops.items()):
         calls = ", ".join(f"{k}:{n}" for k, n in o.get("calls", {}).items()) or "-"
         lines.append(f"{op:<22} {str(o.get('selected')):<18} {calls:<24} {o.get('source')}: {o.get('order')}")
+        if o.get("native_entry"):
+            lines.append(f"{'':<22} plain calls: {o['native_entry']} (validates in C, declines the rest)")
         for iid, why in o.get("excluded", {}).items():
             lines.append(f"{'':<22} excluded {iid}: {why}")
         if o.get("fallbacks"):

@@ -442,6 +442,9 @@ class OpManager:
                         "selected": res.candidates[0].impl_id if res.candidates else None,
                         "source": res.source, "tokens": res.tokens, "excluded": dict(res.excluded),
                         **({"note": res.note} if res.note else {})})
+                if api == "facade" and op in self.fast_fns:   # plain calls skip the resolver
+                    f = self.fast_fns[op]
+                    entry["native_entry"] = f"{getattr(f, '__module__', None) or ''}.{getattr(f, '__name__', f)}"
                 out[f"tex:{op}" if api == "tex" and _is_shared(op) else op] = entry
             for impl in self.registry.all_impls():
                 fp = getattr(impl, "_fast", None)

@@ -136,6 +136,7 @@ def test_plain_calls_go_native_and_are_counted(C):
         to.silu(x)
     assert C._fast_calls()["silu"] == before + 5
     assert _counts("silu").get("default.cpp", 0) == info_before + 5
+    assert to.get_backend_info()["ops"]["silu"]["native_entry"] == "tensor_ops._cpp._fast_silu"
 
 
 def test_overrides_are_never_bypassed(C):
