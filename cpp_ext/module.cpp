@@ -27,6 +27,7 @@
 #endif
 #if defined(__unix__) || defined(__APPLE__)
 #include <pthread.h>
+#include <unistd.h>
 #define TO_HAVE_ATFORK 1
 #endif
 
@@ -300,8 +301,10 @@ void rows_n(const Arr& a, const char* name, int64_t& rows, int64_t& n) {
 // the kernel that fills it). A block freed by NumPy (the array's base is a capsule) goes
 // back to the cache and the next result of that size reuses it, already mapped; blocks are
 // 2 MiB-aligned and advised MADV_HUGEPAGE, so even the first touch faults 512x less often.
-// Sizes are rounded up to 2 MiB. At most g_cache_cap bytes stay cached (free beyond that);
-// TENSOR_OPS_CPP_CACHE_MB sets the cap (0 disables the cache), empty_cache() frees them all.
+// Sizes are rounded up to 2 MiB. At most g_cache_cap bytes stay cached (free beyond that):
+// by default 1 GiB or 1/16 of physical memory, whichever is less (a laptop keeps most of
+// its memory); TENSOR_OPS_CPP_CACHE_MB sets it (0 disables the cache), empty_cache()
+// frees every cached block.
 constexpr size_t BLOCK_ALIGN = 2u << 20;
 int64_t g_cache_min = 1 << 20;
 int64_t g_cache_cap = int64_t(1) << 30;
@@ -940,6 +943,10 @@ void init_runtime() {
     select_isa();
 #ifdef TO_HAVE_ATFORK
     pthread_atfork(nullptr, nullptr, at_fork_child);
+#endif
+#if defined(_SC_PHYS_PAGES) && defined(_SC_PAGESIZE)
+    const long pages = sysconf(_SC_PHYS_PAGES), psize = sysconf(_SC_PAGESIZE);
+    if (pages > 0 && psize > 0 && (int64_t)pages * psize / 16 < g_cache_cap) g_cache_cap = (int64_t)pages * psize / 16;
 #endif
     if (const char* mb = std::getenv("TENSOR_OPS_CPP_CACHE_MB")) {
         char* end = nullptr;

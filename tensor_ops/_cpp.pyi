@@ -99,9 +99,9 @@ def build_info() -> dict[str, Union[str, int, bool, list, dict]]:
     openmp_version, omp_max_threads, num_threads, threads_note, parallel_threshold_bytes,
     nontemporal_threshold_bytes, output_cache, compiler, flags."""
 def cache_info() -> dict[str, int]:
-    """The fresh-output block cache: cap_bytes (TENSOR_OPS_CPP_CACHE_MB, default 1024 MiB;
-    0 disables it), min_bytes (smaller outputs use NumPy's allocator), cached_bytes,
-    cached_blocks, hits, misses."""
+    """The fresh-output block cache: cap_bytes (TENSOR_OPS_CPP_CACHE_MB; default 1024 MiB
+    or 1/16 of physical memory, whichever is less; 0 disables it), min_bytes (smaller
+    outputs use NumPy's allocator), cached_bytes, cached_blocks, hits, misses."""
 def empty_cache() -> int:
     """Free every cached output block (arrays still alive keep theirs); returns the bytes freed."""
 def _set_cache(cap_bytes: int = -1, min_bytes: int = -1) -> None:
