@@ -420,6 +420,20 @@ py::object new_array(PyObject* descr, int64_t elsize, int nd, const Py_intptr_t*
     return py::reinterpret_steal<py::object>(a);
 }
 
+// empty(shape, dtype): a new C-contiguous array from the block cache (large) or NumPy
+// (small), for callers that allocate their own outputs (the tex adapters).
+py::object empty(const py::object& shape_, const py::object& dtype_) {
+    const py::dtype dt = py::dtype::from_args(dtype_);
+    std::vector<Py_intptr_t> shape;
+    if (py::isinstance<py::int_>(shape_)) shape.push_back(shape_.cast<Py_intptr_t>());
+    else
+        for (auto h : shape_) shape.push_back(h.cast<Py_intptr_t>());
+    if (shape.size() > 32) throw py::value_error("empty: more than 32 dimensions");
+    for (auto d : shape)
+        if (d < 0) throw py::value_error("empty: negative dimension " + std::to_string(d));
+    return new_array(dt.ptr(), (int64_t)dt.itemsize(), (int)shape.size(), shape.data());
+}
+
 py::object new_like(const Arr& x, int64_t last = -1) {
     Py_intptr_t shape[32];
     if (x.nd > 32) throw py::value_error("x has more than 32 dimensions");
@@ -1027,6 +1041,7 @@ PYBIND11_MODULE(_cpp, m) {
         },
         "parallel_threshold_bytes"_a = -1, "nontemporal_threshold_bytes"_a = -1);
     m.def("empty_cache", &empty_cache, "Free every cached output block; returns the bytes freed.");
+    m.def("empty", &empty, "shape"_a, "dtype"_a);
     m.def("cache_info", &cache_info);
     m.def(
         "_set_cache",

@@ -102,6 +102,9 @@ def cache_info() -> dict[str, int]:
     """The fresh-output block cache: cap_bytes (TENSOR_OPS_CPP_CACHE_MB; default 1024 MiB
     or 1/16 of physical memory, whichever is less; 0 disables it), min_bytes (smaller
     outputs use NumPy's allocator), cached_bytes, cached_blocks, hits, misses."""
+def empty(shape: Union[int, tuple[int, ...]], dtype: Union[str, np.dtype]) -> _Arr:
+    """A new uninitialised C-contiguous array, from the block cache when >= min_bytes (the
+    tex adapters allocate their torch outputs with it, through torch.from_numpy)."""
 def empty_cache() -> int:
     """Free every cached output block (arrays still alive keep theirs); returns the bytes freed."""
 def _set_cache(cap_bytes: int = -1, min_bytes: int = -1) -> None:

@@ -281,3 +281,28 @@ def test_bad_cache_env_is_reported():
     r = subprocess.run([sys.executable, "-c", "import tensor_ops._cpp as C; print(C.cache_info()['cap_bytes'])"],
                        capture_output=True, text=True, env=env, cwd=ROOT, timeout=120)
     assert r.returncode == 0 and r.stdout.strip() == "0", r.stdout + r.stderr
+
+
+def test_empty_serves_callers_that_allocate_their_own_outputs(C):
+    a = C.empty((512, 1024), "float32")
+    assert a.shape == (512, 1024) and a.dtype == np.float32 and type(a.base).__name__ == "PyCapsule"
+    assert C.empty(8, np.float16).shape == (8,) and C.empty(8, np.float16).base is None
+    assert C.empty((0, 3), "int16").shape == (0, 3)
+    with pytest.raises(ValueError, match="negative dimension -1"):
+        C.empty((2, -1), "float32")
+    with pytest.raises(TypeError):
+        C.empty((2, 2), "no-such-dtype")
+
+
+def test_tex_outputs_reuse_cached_blocks(C):
+    torch = pytest.importorskip("torch")
+    from tensor_ops import tex
+    x = torch.randn(512, 1024)
+    w = torch.ones(1024)
+    otype = tex.DType.kFloat32
+    hits = C.cache_info()["hits"]
+    outs = [tex.rmsnorm_fwd(x, w, 1e-6, None, None, otype, 0, False)[0] for _ in range(3)]
+    torch.testing.assert_close(outs[0], outs[2])
+    del outs
+    tex.rmsnorm_fwd(x, w, 1e-6, None, None, otype, 0, False)
+    assert C.cache_info()["hits"] > hits
