@@ -70,6 +70,16 @@ def _fast(op):
     return m, m.fast.get(op)
 
 
+def _plain_native(op, out, backend, *args):
+    """The native entry's result for a plain call (no out=, backend= or use_backend()), or
+    None: no entry, or it declined the arguments (the general path then decides)."""
+    if out is None and backend is None:
+        f = _native(op)
+        if f is not None and _ctx_get() is None:
+            return f(*args)
+    return None
+
+
 def _plain(x):
     return type(x) is _ND and x.ndim == 2 and x.dtype in _F and x.flags.carray and x.size
 
@@ -94,12 +104,9 @@ def rms_norm(x, weight, eps=1e-6, *, out=None, backend=None):
         >>> to.rms_norm(np.array([[3.0, 4.0]], np.float32), np.ones(2, np.float32), eps=0.0).round(4)
         array([[0.8485, 1.1314]], dtype=float32)
     """
-    if out is None and backend is None:
-        f = _native("rms_norm")
-        if f is not None and _ctx_get() is None:
-            r = f(x, weight, eps)
-            if r is not None:
-                return r
+    r = _plain_native("rms_norm", out, backend, x, weight, eps)
+    if r is not None:
+        return r
     if out is None and backend is None and type(eps) is float and 0.0 <= eps < _INF and _plain(x) \
             and type(weight) is _ND and weight.dtype is x.dtype and weight.ndim == 1 \
             and weight.shape[0] == x.shape[1] and weight.flags.carray:
@@ -128,12 +135,9 @@ def layer_norm(x, weight, bias=None, eps=1e-5, *, out=None, backend=None):
         >>> to.layer_norm(np.array([[1.0, 3.0]], np.float32), np.ones(2, np.float32), eps=0.0)
         array([[-1.,  1.]], dtype=float32)
     """
-    if out is None and backend is None:
-        f = _native("layer_norm")
-        if f is not None and _ctx_get() is None:
-            r = f(x, weight, bias, eps)
-            if r is not None:
-                return r
+    r = _plain_native("layer_norm", out, backend, x, weight, bias, eps)
+    if r is not None:
+        return r
     kx, dt = check_x(x)
     n = x.shape[-1]
     w = check_vector(weight, "weight", n, x, kx, dt)
@@ -154,12 +158,9 @@ def softmax(x, axis=-1, *, out=None, backend=None):
         >>> to.softmax(np.array([[0.0, 0.0]], np.float32))
         array([[0.5, 0.5]], dtype=float32)
     """
-    if out is None and backend is None:
-        f = _native("softmax")
-        if f is not None and _ctx_get() is None:
-            r = f(x, axis)
-            if r is not None:
-                return r
+    r = _plain_native("softmax", out, backend, x, axis)
+    if r is not None:
+        return r
     kx, dt = check_x(x)
     if isinstance(axis, bool) or not isinstance(axis, (int, np.integer)):
         raise TypeError(f"axis must be an int, got {axis!r}")
@@ -187,18 +188,11 @@ def softmax(x, axis=-1, *, out=None, backend=None):
     return _run("softmax", (x2, o2), kx, x, dt, shape, x2.shape, user_out, o2, backend)
 
 
-def _plain_native(op, x, out, backend, extra):
-    """The native entry's result for a plain call of a one-array op, or None (general path)."""
-    if out is None and backend is None:
-        f = _native(op)
-        if f is not None and _ctx_get() is None:
-            return f(x, *extra)
-    return None
 
 
 def _elementwise(op, x, out, backend, extra=(), check=None):
     """``check`` validates ``extra`` after the native entry (which validates it itself)."""
-    r = _plain_native(op, x, out, backend, extra)
+    r = _plain_native(op, out, backend, x, *extra)
     if r is not None:
         return r
     if check is not None:
@@ -256,7 +250,7 @@ def gelu(x, approximate="none", *, out=None, backend=None):
 
 
 def _gated(op, x, out, backend, extra=(), check=None):
-    r = _plain_native(op, x, out, backend, extra)
+    r = _plain_native(op, out, backend, x, *extra)
     if r is not None:
         return r
     if check is not None:

@@ -120,7 +120,7 @@ class OpManager:
         self._avail: dict = {}               # impl -> (ok, reason)
         self._warned: set = set()
         self.fast: dict = {}                 # op -> Resolution of the plain policy (no override, untuned)
-        # op -> a native entry that does the whole plain call (see OpImpl._fast below); the
+        # op -> a native entry that does the whole plain call (see _install_fast_fn); the
         # global manager shares _state.fast_fns with the facade. Cleared in place, never rebound.
         self.fast_fns: dict = {}
         self._retired: dict = {}             # (op, api) -> [calls by impl, fallbacks] of dropped caches
