@@ -69,6 +69,18 @@ def _load_env_plugins(registry, first_time: bool) -> None:
     _plugins.extend(records)
 
 
+def _gpu_device_ids(name: str) -> Optional[list]:
+    """The devices the built-in GPU backend ``name`` sees now, or None when it is unavailable
+    (its tokens then match nothing anyway). Used by Settings.tuned_gpu_mismatch."""
+    mod = _builtins.get(name)
+    if mod is None or isinstance(mod, str) or not hasattr(mod, "device_ids"):
+        return None
+    try:
+        return list(mod.device_ids()) if mod.availability()[0] else None
+    except Exception:   # a probe must not fail a call; the backend's own checks report it
+        return None
+
+
 def _init() -> OpManager:
     global _registry, _manager
     with _lock:
@@ -80,6 +92,7 @@ def _init() -> OpManager:
         _registry = registry
         _load_env_plugins(registry, True)
         settings = build_settings(os.environ, registry.backends())
+        settings.gpu_probe = _gpu_device_ids
         _apply_logging(settings)
         m = OpManager(registry, settings)
         m.fast_fns = _state.fast_fns  # the facade's native fast path reads this dict
@@ -97,6 +110,7 @@ def reload_config() -> None:
         m = manager()
         _load_env_plugins(_registry, False)
         settings = build_settings(os.environ, _registry.backends())
+        settings.gpu_probe = _gpu_device_ids
         _apply_logging(settings)
         m.invalidate(settings)
 

@@ -68,7 +68,9 @@ def get_backend_info() -> dict:
         "runtime_override": {"set_backend": _global._state.global_backend,
                              "use_backend": _global._state.context_backend.get()},
     }
-    info["tuning"] = {"status": s.tuning_status, "ops": sorted(s.tuning_ops)}
+    info["tuning"] = {"status": s.tuning_status, "ops": sorted(s.tuning_ops),
+                      # tuned orders not followed because a GPU backend sees other devices now
+                      "gpu_mismatch": {b: why for b, why in s.gpu_mismatch_notes.items() if why}}
     info["backends"] = {name: _backend_info(name, mod, m) for name, mod in _global.builtins().items()}
     vendors: dict = {}
     for impl in m.registry.all_impls():

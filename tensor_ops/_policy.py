@@ -16,7 +16,7 @@ import os
 import platform
 import warnings
 from dataclasses import dataclass, field
-from typing import Iterable, Optional
+from typing import Callable, Iterable, Optional
 
 from . import _version
 from ._config import FileConfig, check_op, check_token, known_names, load_config, parse_order
@@ -100,6 +100,17 @@ def machine_fingerprint() -> dict:
             "package_version": _version.__version__}
 
 
+def cuda_device_id(name: str, cc: str) -> str:
+    """How a tuning fingerprint names a CUDA device (recorded by detect_and_benchmark,
+    compared against ``tensor_ops.backends.cuda.device_ids()``)."""
+    return f"{name} (cc {cc})"
+
+
+def opencl_device_id(device: str, platform: str, driver: str) -> str:
+    """How a tuning fingerprint names an OpenCL device (see cuda_device_id)."""
+    return f"{device} [{platform}] driver {driver}"
+
+
 def fingerprint_mismatch(recorded: dict) -> Optional[str]:
     """None when the recorded fingerprint matches this machine, else what differs."""
     now = machine_fingerprint()
@@ -135,6 +146,12 @@ class Settings:
     tuning_ops: dict = field(default_factory=dict)      # op -> {dtype name: (thresholds, orders)}
     tuning_status: str = "no tuning table"
     tuning_excluded: dict = field(default_factory=dict)  # op -> {impl_id: reason} (failed validation)
+    # GPU part of the tuning fingerprint, checked lazily (only when a tuned order names the
+    # backend, whose availability the resolver then decides anyway): backend -> recorded
+    # device ids, or absent when the table did not record them (then not checked).
+    tuning_gpu: dict = field(default_factory=dict)
+    gpu_probe: Optional[Callable[[str], Optional[list]]] = None   # backend -> device ids now
+    gpu_mismatch_notes: dict = field(default_factory=dict)        # backend -> why ('' = same)
 
     def order_for(self, op: str, dtype_name: Optional[str] = None, nbytes: int = 0) -> tuple[list, str, bool]:
         """(tokens, source, forced) for ``op`` below the runtime overrides."""
@@ -151,15 +168,34 @@ class Settings:
         if op in f.per_op:
             return f.per_op[op], f"{where} 'per_op.{op}'", False
         tuned = self.tuned_order(op, dtype_name, nbytes)
+        if tuned is not None and self.tuned_gpu_mismatch(tuned):
+            tuned = None
         if tuned is not None:
             thresholds = self.tuning_ops[op][dtype_name][0]
             i = bisect.bisect_left(thresholds, nbytes)
             span = (f"<= {thresholds[i]} bytes" if i < len(thresholds)
                     else f"> {thresholds[-1]} bytes" if thresholds else "all sizes")
             return tuned, f"{where} 'tuning' ({op}, {dtype_name}, {span})", False
-        if f.priority:
+        if f.priority:   # (a tuned order dropped for its GPU is explained in gpu_mismatch_notes)
             return f.priority, f"{where} 'priority'", False
         return DEFAULT_ORDER, "built-in default", False
+
+    def tuned_gpu_mismatch(self, order: list) -> str:
+        """Why a tuned ``order`` must not be followed because a GPU backend it names now
+        sees other devices than the table recorded ('' when it may be)."""
+        for tok in order:
+            if tok not in self.tuning_gpu or self.gpu_probe is None:
+                continue
+            why = self.gpu_mismatch_notes.get(tok)
+            if why is None:
+                now = self.gpu_probe(tok)   # None: backend unavailable, its tokens match nothing
+                rec = self.tuning_gpu[tok]
+                why = "" if now is None or sorted(now) == sorted(rec) else \
+                    f"{tok} devices were {rec} when tuned, now {now}; run `python detect_and_benchmark.py` again"
+                self.gpu_mismatch_notes[tok] = why
+            if why:
+                return why
+        return ""
 
     def tuned_order(self, op, dtype_name, nbytes) -> Optional[list]:
         table = self.tuning_ops.get(op)
@@ -276,5 +312,8 @@ def build_settings(environ=os.environ, extra_names: Iterable[str] = ()) -> Setti
                     for dt, buckets in per_dtype.items()
                 }
             s.tuning_excluded = {op: dict(d) for op, d in tuning.get("excluded", {}).items()}
+            fp = tuning.get("fingerprint", {})
+            s.tuning_gpu = {b: list(fp[f"{b}_devices"]) for b in ("cuda", "opencl")
+                            if isinstance(fp.get(f"{b}_devices"), list)}
             s.tuning_status = f"in use: fingerprint matches ({len(s.tuning_ops)} ops tuned)"
     return s

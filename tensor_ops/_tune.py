@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Iterable, Optional
 
 from . import _config, _global
-from ._policy import machine_fingerprint
+from ._policy import cuda_device_id, machine_fingerprint, opencl_device_id
 
 TIE = 1.05
 NOISE = 1.25
@@ -32,11 +32,13 @@ USER_KEYS = ("priority", "force", "strict", "per_op", "disabled", "allow_vendors
 
 
 def fingerprint(detected: Optional[dict] = None) -> dict:
-    """``machine_fingerprint()`` plus GPU names and driver versions (informational keys)."""
+    """``machine_fingerprint()`` plus the GPU device ids (checked lazily, when a tuned order
+    names that backend: Settings.tuned_gpu_mismatch) and CUDA driver/runtime versions."""
     fp = machine_fingerprint()
     d = detected or {}
     cu = d.get("cuda") or {}
-    fp["cuda_devices"] = [f"{x.get('name')} (cc {x.get('cc')})" for x in cu.get("devices", [])] if cu.get("available") else []
+    fp["cuda_devices"] = [cuda_device_id(x.get("name"), x.get("cc")) for x in cu.get("devices", [])] \
+        if cu.get("available") else []
     try:   # driver/runtime versions come from the CUDA backend, only when it is available
         mod = _global.builtins().get("cuda")
         if mod is not None and not isinstance(mod, str) and mod.availability()[0]:
@@ -47,7 +49,7 @@ def fingerprint(detected: Optional[dict] = None) -> dict:
     except Exception:  # the fingerprint must never fail the run
         pass
     cl = d.get("opencl") or {}
-    fp["opencl_devices"] = [f"{x.get('device')} [{x.get('platform')}] driver {x.get('driver')}"
+    fp["opencl_devices"] = [opencl_device_id(x.get("device"), x.get("platform"), x.get("driver"))
                             for x in cl.get("devices", [])] if cl.get("available") else []
     return fp
 

@@ -367,3 +367,52 @@ def test_tuning_exclusions_are_honoured(isolated_config, unforced):
         assert "wrong numerics" in why
     finally:
         reg.unregister_impl("relu", "vendor.wrong", "facade")
+
+
+def _gpu_tuned_config(cfg, opencl_devices):
+    import json
+    from tensor_ops._policy import machine_fingerprint
+    fp = dict(machine_fingerprint())
+    if opencl_devices is not None:
+        fp["opencl_devices"] = opencl_devices
+    cfg.write_text(json.dumps({"schema_version": 1, "tuning": {
+        "fingerprint": fp, "ops": {"silu": {"float32": [{"max_bytes": None, "order": ["opencl", "numpy"]}]}}}}))
+
+
+@pytest.mark.parametrize("recorded,probe,followed", [
+    (["GPU A [Vendor] driver 1"], ["GPU A [Vendor] driver 1"], True),
+    (["GPU A [Vendor] driver 1"], ["GPU B [Vendor] driver 1"], False),      # another device
+    (["GPU A [Vendor] driver 1"], ["GPU A [Vendor] driver 2"], False),      # another driver
+    (["GPU A [Vendor] driver 1"], None, True),     # backend unavailable: its tokens match nothing anyway
+    (None, ["GPU B [Vendor] driver 1"], True),     # table from before GPU ids were recorded
+])
+def test_tuned_order_naming_a_gpu_checks_its_devices(tmp_path, recorded, probe, followed):
+    """The cheap fingerprint (CPU, ISA, version) is checked at load; the GPU ids only when a
+    tuned order names that backend, against what it sees now."""
+    cfg = tmp_path / "backend.json"
+    _gpu_tuned_config(cfg, recorded)
+    s = build_settings({"TENSOR_OPS_CONFIG": str(cfg)})
+    asked = []
+    s.gpu_probe = lambda name: asked.append(name) or probe
+    tokens, source, _ = s.order_for("silu", "float32", 1 << 20)
+    assert (tokens == ["opencl", "numpy"]) is followed, (tokens, source)
+    assert asked == ([] if recorded is None else ["opencl"])
+    assert bool(s.gpu_mismatch_notes.get("opencl")) is (not followed)
+    if not followed:
+        assert "when tuned" in s.gpu_mismatch_notes["opencl"] and "detect_and_benchmark" in s.gpu_mismatch_notes["opencl"]
+    s.order_for("silu", "float32", 1 << 10)
+    assert asked.count("opencl") <= 1                                      # probed once per settings
+
+
+def test_tuned_gpu_order_against_the_real_opencl_device(isolated_config, unforced):
+    from tensor_ops.backends import opencl
+    ok, why = opencl.availability()
+    if not ok:
+        pytest.skip(f"opencl unavailable: {why}")
+    _gpu_tuned_config(isolated_config, opencl.device_ids())
+    to.reload_config()
+    assert to.get_backend("silu", "float32", 1 << 20) == "opencl"
+    _gpu_tuned_config(isolated_config, ["Some Other GPU [Elsewhere] driver 9"])
+    to.reload_config()
+    assert to.get_backend("silu", "float32", 1 << 20) != "opencl"
+    assert "Some Other GPU" in to.get_backend_info()["tuning"]["gpu_mismatch"]["opencl"]

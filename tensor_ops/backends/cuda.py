@@ -615,6 +615,19 @@ def register(registry) -> None:
 
 
 # ----------------------------------------------------------------------------- info
+def device_ids() -> list:
+    """Every CUDA device, named as a tuning fingerprint records them
+    (``_policy.cuda_device_id``); see opencl.device_ids."""
+    import cupy
+    from tensor_ops._policy import cuda_device_id
+    out = []
+    for i in range(cupy.cuda.runtime.getDeviceCount()):
+        p = cupy.cuda.runtime.getDeviceProperties(i)
+        name = p["name"].decode() if isinstance(p["name"], bytes) else str(p["name"])
+        out.append(cuda_device_id(name, f"{p['major']}.{p['minor']}"))
+    return out
+
+
 def get_cuda_info() -> dict:
     """Devices, runtime/driver versions, fatbin path and archs, NVRTC fallback; never raises."""
     ok, reason = availability()

@@ -737,6 +737,15 @@ def get_queue():
     return _state().queue
 
 
+def device_ids() -> list:
+    """Every OpenCL device of every platform, named as a tuning fingerprint records them
+    (``_policy.opencl_device_id``): the resolver compares the two before following a tuned
+    order that names opencl."""
+    import pyopencl as cl
+    from tensor_ops._policy import opencl_device_id
+    return [opencl_device_id(d.name, p.name, d.driver_version) for p in cl.get_platforms() for d in p.get_devices()]
+
+
 def get_opencl_info() -> dict:
     """Platforms, devices, chosen device, fp16 support, cache location and hit counts.
 
