@@ -558,6 +558,28 @@ def tex_recipes(draw):
     return {k: draw(v) for k, v in _T.items()}
 
 
+def _exact_gated_infinities(op: str, x, got, want):
+    """``want`` with the NaNs that come from the reference's fp32 underflow replaced by the
+    exact ±Inf, where ``got`` has that ±Inf.
+
+    act(a) * b with b = ±Inf: torch computes gelu-tanh as 0.5a(1 + tanh(u)), and tanh(u)
+    rounds to -1 for a below about -5, so act(a) is exactly 0 and 0 * Inf = NaN. The exact
+    act(a) is tiny but not 0 (a / (1 + e^(-2u)), in float64), so the exact product is ±Inf,
+    which is what a backend that keeps the tiny value returns (tests/regressions/
+    tex_geglu_underflow_times_inf.json). Only those positions change."""
+    import torch
+    h = x.shape[-1] // 2
+    a64, b64 = x[..., :h].double(), x[..., h:].double()
+    if op == "geglu":
+        u = 0.7978845608028654 * (a64 + 0.044715 * a64 ** 3)
+        act = a64 / (1 + torch.exp(-2 * u))
+    else:
+        act = a64 / (1 + torch.exp(-a64))
+    exact = act * b64
+    fix = torch.isnan(want) & torch.isinf(got) & torch.isinf(exact) & (torch.sign(got) == torch.sign(exact))
+    return torch.where(fix, exact, want)
+
+
 def tex_check(p: dict, backends) -> int:
     """One tex recipe on each non-reference tex backend vs reference.torch (same inputs)."""
     import torch
@@ -626,6 +648,8 @@ def tex_check(p: dict, backends) -> int:
             where = f"tex.{p['op']}[{i}] on {be}"
             assert a.shape == e.shape and a.dtype == e.dtype, (where, a.shape, e.shape, a.dtype, e.dtype)
             a64, e64 = a.double(), e.double()
+            if p["op"] in ("swiglu", "geglu") and i == 0:
+                e64 = _exact_gated_infinities(p["op"], x, a64, e64)
             assert torch.equal(torch.isnan(a64), torch.isnan(e64)), f"{where}: NaN positions differ"
             fin = torch.isfinite(e64)
             assert torch.equal(a64[~fin & ~torch.isnan(e64)], e64[~fin & ~torch.isnan(e64)]), f"{where}: ±Inf differ"
