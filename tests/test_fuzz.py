@@ -226,6 +226,23 @@ def _oracle(p, oracle):
         return want.astype(np.dtype(p["dtype"])).astype(np.float64)   # rounded to the dtype (overflow → inf)
 
 
+def _gated_exact(p, x):
+    """(act(a)·b in float64 without cancellation, |act(a)| below the dtype's absolute
+    tolerance) for the gated ops: gelu-tanh as a / (1 + e^(-2u)) and erf-GELU with erfc, so
+    a tiny activation stays tiny instead of 1 + (−1) = 0."""
+    from scipy.special import erfc
+    h = x.shape[-1] // 2
+    with np.errstate(all="ignore"):
+        a, b = x[..., :h].astype(np.float64), x[..., h:].astype(np.float64)
+        if p["op"] == "swiglu":
+            act = a / (1 + np.exp(-a))
+        elif p["op"] == "geglu_tanh":
+            act = a / (1 + np.exp(-2 * math.sqrt(2 / math.pi) * (a + 0.044715 * a ** 3)))
+        else:
+            act = 0.5 * a * erfc(-a / math.sqrt(2))
+        return act * b, np.abs(act) <= TOL[p["dtype"]][1]
+
+
 def compare(p, got, want, where, atol_scale=None, ignore=None):
     dt = np.dtype(p["dtype"])
     assert isinstance(got, np.ndarray) and got.dtype == dt, (where, type(got), getattr(got, "dtype", None))
@@ -410,6 +427,14 @@ def check(p: dict, backends=None, skip_known: bool = True) -> int:
         # an infinite gate times an activation that underflows to 0 in the math dtype is NaN
         # there (0·inf) but ±inf in fp64: special-value semantics follow the NumPy reference
         use_ref |= np.isinf(x[..., x.shape[-1] // 2:].astype(np.float64))
+    amb = None
+    if p["op"] in ("swiglu", "geglu", "geglu_tanh"):
+        # The same product where one implementation's activation is exactly 0 (0·inf = NaN)
+        # and another's is a tiny nonzero number (tiny·inf = ±inf): both are right to within
+        # the activation's own tolerance, so either is accepted; a finite value or the wrong
+        # sign still fails (tests/regressions/geglu_tanh_underflow_times_inf.json).
+        exact_prod, act_small = _gated_exact(p, x)
+        amb = np.isinf(x[..., x.shape[-1] // 2:].astype(np.float64)) & act_small
     if use_ref.any():
         with np.errstate(all="ignore"), warnings.catch_warnings():
             warnings.simplefilter("ignore")
@@ -460,7 +485,12 @@ def check(p: dict, backends=None, skip_known: bool = True) -> int:
             if skip_known and known_defect(p, b):
                 continue
             got = _call(p, b, x, args, kw)
-            compare(p, got, want, f"{p['op']} on {b} ({p['mode']})", scale, ignore)
+            ig = ignore
+            if amb is not None and amb.any():
+                g64 = got.astype(np.float64)
+                either = amb & (np.isnan(g64) | (np.isinf(g64) & (np.sign(g64) == np.sign(exact_prod))))
+                ig = either if ig is None else (ig | either)
+            compare(p, got, want, f"{p['op']} on {b} ({p['mode']})", scale, ig)
             if ovf is not None:
                 _check_ovf(got, want, ovf, f"{p['op']} on {b} ({p['mode']})")
             runs += 1
