@@ -644,9 +644,10 @@ py::object rope(const py::object& x_, const py::object& cos_, const py::object& 
 // normalisation: exactly numpy.ndarray, >= 1 dim, non-empty, C-contiguous, aligned, native
 // float32/float16, weights of the same dtype and length, a finite float eps >= 0. Anything
 // else returns None and the facade's general path gives the same result or its error, so
-// there is one set of checks and messages. Why they exist: the facade's Python checks plus
-// pybind11's argument dispatch cost ~1.4 us on a (1, 4096) rms_norm whose kernel takes
-// ~0.5 us. METH_FASTCALL functions skip pybind11's dispatcher. Calls are counted here (the
+// there is one set of checks and messages. Why they exist: the facade's Python checks and
+// the manager's dispatch added ~1.4 us to a (1, 4096) rms_norm that costs ~0.9 us through
+// the binding alone (bench_cpp.py --small); as METH_FASTCALL functions they also skip
+// pybind11's argument dispatcher. Calls are counted here (the
 // manager adds them to get_backend_info()'s per-impl counts).
 enum FastOp { FO_RMS, FO_LN, FO_SOFTMAX, FO_SILU, FO_RELU, FO_GELU, FO_SWIGLU, FO_GEGLU, FO_COUNT };
 const char* FAST_NAMES[FO_COUNT] = {"rms_norm", "layer_norm", "softmax", "silu", "relu", "gelu", "swiglu", "geglu"};
