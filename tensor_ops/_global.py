@@ -115,6 +115,25 @@ def reload_config() -> None:
         m.invalidate(settings)
 
 
+@contextlib.contextmanager
+def settings_override(**changes) -> Iterator[None]:
+    """Run a block with some settings changed (e.g. ``strict=True``), process-wide, without
+    touching ``os.environ``; the previous settings object comes back afterwards, even if a
+    reload_config() happened inside (the block's view of the world ends with the block).
+
+    Used by tensor_ops.testing and the benchmark engine's validation."""
+    import dataclasses
+    m = manager()
+    with _lock:
+        old = m.settings
+        m.invalidate(dataclasses.replace(old, **changes))
+    try:
+        yield
+    finally:
+        with _lock:
+            m.invalidate(old)
+
+
 def _check_override(name) -> None:
     manager()._tokens_for_override(name)
 
@@ -170,7 +189,7 @@ def get_backend(op: Optional[str] = None, dtype: str = "float32", nbytes: int = 
         return "numpy"
     override = _state.context_backend.get() or _state.global_backend
     res = m.resolve(op, override, "facade" if op in _FACADE_NAMES else None, dtype, nbytes)
-    host = [i for i in res.candidates if not getattr(i, "device_only", False)]
+    host = [i for i in res.candidates if not i.declines_host]
     if not host:
         raise NotImplementedError(f"no available implementation of op {op!r}")
     return host[0].backend

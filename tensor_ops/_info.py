@@ -18,6 +18,10 @@ def _backend_info(name: str, mod: Any, m) -> dict:
     out = {"available": ok, "reason": None if ok else reason, "kind": kind,
            "disabled": m.settings.disabled.get(name) if m.settings else None,
            "ops": sorted({i.op_name for i in impls if i.api == "facade"})}
+    backend = getattr(mod, "BACKEND", None)
+    if backend is not None:
+        out["array_kinds"] = list(backend.array_kinds)
+        out["device_only"] = backend.device_only
     if ok and hasattr(mod, "info"):
         try:
             out["info"] = mod.info()

@@ -47,7 +47,7 @@ class Resolution:
         self.note = note
 
 
-def _device_only(impl: OpImpl) -> OpImpl:
+def _host_declined(impl: OpImpl) -> OpImpl:
     """A view of ``impl`` that declines host (NumPy) arrays: used when the order did not name
     a device backend, so host data is not copied to a device nobody asked for."""
     import dataclasses
@@ -59,9 +59,7 @@ def _device_only(impl: OpImpl) -> OpImpl:
             return False
         return inner(*args, **kw) if inner is not None else True
 
-    view = dataclasses.replace(impl, supports=supports, source=impl.source)
-    view.device_only = True
-    return view
+    return dataclasses.replace(impl, supports=supports, source=impl.source, declines_host=True)
 
 
 def _wrong_result(out, expect) -> bool:
@@ -119,7 +117,6 @@ class OpManager:
         self._cache: dict = {}
         self._avail: dict = {}               # impl -> (ok, reason)
         self._warned: set = set()
-        self.fast: dict = {}                 # op -> Resolution of the plain policy (no override, untuned)
         # op -> a native entry that does the whole plain call (see _install_fast_fn); the
         # global manager shares _state.fast_fns with the facade. Cleared in place, never rebound.
         self.fast_fns: dict = {}
@@ -145,7 +142,6 @@ class OpManager:
                     acc[0][k] = acc[0].get(k, 0) + v
                 acc[1] += res.fallbacks
             self._cache = {}
-            self.fast = {}
             self.fast_fns.clear()
             self._override_tokens = {}
 
@@ -204,16 +200,6 @@ class OpManager:
                     self._seq += 1
                     res.seq = (override is None, self._seq)
                     self._cache[key] = res
-                    if override is None and bucket == -1 and api == "facade" and (s is None or op not in s.tuning_ops):
-                        # The facade's fast path only sees host arrays: drop the device-only views
-                        # so a plain call does not pay a declined supports() per device backend.
-                        host = Resolution(op, api, res.tokens, res.source, res.forced, res.strict,
-                                          tuple(i for i in res.candidates if not getattr(i, "device_only", False)),
-                                          res.excluded, res.note)
-                        self._seq += 1
-                        host.seq = (True, self._seq)
-                        self._cache[key + ("host",)] = host
-                        self.fast[op] = host
                     if override is None and api == "facade" and op not in self.fast_fns:
                         self._install_fast_fn(op)
         return res
@@ -224,9 +210,9 @@ class OpManager:
     def _install_fast_fn(self, op: str) -> None:
         """Let the facade call a native entry directly when the policy always picks its impl.
 
-        A backend may set ``impl._fast = (fn, entry, count)``: ``entry`` takes the facade's
-        plain arguments, validates them itself and returns the result, or None to decline
-        (the facade then takes its general path); ``count()`` is how many calls it served.
+        A backend may set ``impl.plain_entry = PlainEntry(fn, entry, count)``: ``entry`` takes
+        the facade's plain arguments, validates them itself and returns the result, or None to
+        decline (the facade then takes its general path); ``count()`` is how many calls it served.
         The entry is installed for ``op`` when, for host arrays of every dtype it computes
         and every size (each tuning bucket, when a tuning table decides the op), the first
         candidate is that same impl, and only while ``impl.fn`` is still ``fn`` (a replaced
@@ -247,13 +233,13 @@ class OpManager:
                     cands = self._resolve(op, "facade", None, dt, nbytes).candidates
                 except Exception:      # e.g. a forced backend that is unavailable: no fast path
                     return
-                host = next((i for i in cands if not getattr(i, "device_only", False)), None)
+                host = next((i for i in cands if not i.declines_host), None)
                 if host is None or (first is not None and host is not first):
                     return
                 first = host
-        fp = getattr(first, "_fast", None)
-        if fp is not None and first.fn is fp[0]:
-            self.fast_fns[op] = fp[1]
+        fp = first.plain_entry
+        if fp is not None and first.fn is fp.fn:
+            self.fast_fns[op] = fp.entry
 
     def _resolve(self, op, api, override, dtype_name, nbytes) -> Resolution:
         s = self.settings
@@ -309,7 +295,7 @@ class OpManager:
         named = set() if source == "built-in default" else \
             {t for t in tokens if t not in ("default", "vendor", "reference") and not t.startswith("vendor:")}
         ordered = [i if i.host_arrays == "always" or i.backend in named or f"impl:{i.impl_id}" in named
-                   else _device_only(i) for i in ordered]
+                   else _host_declined(i) for i in ordered]
         return Resolution(op, api, tokens, source, forced, strict, tuple(ordered), excluded, note)
 
     def _exclusion(self, impl: OpImpl) -> str:
@@ -447,8 +433,8 @@ class OpManager:
                     entry["native_entry"] = f"{getattr(f, '__module__', None) or ''}.{getattr(f, '__name__', f)}"
                 out[f"tex:{op}" if api == "tex" and _is_shared(op) else op] = entry
             for impl in self.registry.all_impls():
-                fp = getattr(impl, "_fast", None)
-                n = fp[2]() if fp is not None and impl.api == "facade" else 0
+                fp = impl.plain_entry
+                n = fp.count() if fp is not None and impl.api == "facade" else 0
                 if n:
                     calls = out.setdefault(impl.op_name, {"api": "facade", "calls": {}, "fallbacks": 0})["calls"]
                     calls[impl.impl_id] = calls.get(impl.impl_id, 0) + n

@@ -1,7 +1,9 @@
 """Plugin discovery: modules named in TENSOR_OPS_PLUGINS / TE_FL_PLUGIN_MODULES and entry
-points in group ``tensor_ops.plugins``. A plugin is a module with ``register(registry)`` or a
-callable taking the registry. A plugin that fails to import or register is isolated: logged,
-recorded with its reason, and its partial registrations are undone.
+points in group ``tensor_ops.plugins``. A plugin is a module with a ``BACKEND`` (the backend
+contract, registered by the same registrar as the built-in backends), or with TE-FL's
+``register(registry)``, or a callable taking the registry. A plugin that fails to import or
+register (a bad op name, a function that cannot take its op's arguments, an exception) is
+isolated: logged, recorded with its reason, and its partial registrations are undone.
 """
 from __future__ import annotations
 
@@ -27,12 +29,17 @@ def _register_one(registry, name: str, source: str, obj_loader) -> dict:
     before = {(i.op_name, i.api, i.impl_id) for i in registry.all_impls()}
     try:
         obj = obj_loader()
+        from .backends._contract import Backend, register_backend
+        backend = getattr(obj, "BACKEND", obj if isinstance(obj, Backend) else None)
         fn = getattr(obj, "register", None)
-        if fn is None and callable(obj):
-            fn = obj
-        if fn is None:
-            raise TypeError(f"plugin {name!r} has no register(registry) function and is not callable")
-        fn(registry)
+        if isinstance(backend, Backend) and fn is None:
+            register_backend(registry, backend)
+        else:
+            if fn is None and callable(obj):
+                fn = obj
+            if fn is None:
+                raise TypeError(f"plugin {name!r} has no register(registry) function, no BACKEND and is not callable")
+            fn(registry)
     except BaseException as exc:  # isolate everything a plugin can throw, even SystemExit
         if isinstance(exc, KeyboardInterrupt):
             raise

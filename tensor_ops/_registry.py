@@ -14,6 +14,7 @@ other facade names mean the facade.
 from __future__ import annotations
 
 import enum
+import inspect
 import os
 import sys
 import threading
@@ -21,7 +22,7 @@ import weakref
 from dataclasses import dataclass, field
 from typing import Any, Callable, Optional
 
-from ._ops import FACADE_OPS, KNOWN_OPS, TEX_OPS
+from ._ops import FACADE_OPS, KNOWN_OPS, SPECS, TEX_OPS
 
 _FACADE = frozenset(FACADE_OPS)
 _TEX = frozenset(TEX_OPS)
@@ -94,6 +95,11 @@ class OpImpl:
             OpenCL) that must copy host (NumPy) arrays takes them only when an order names
             it explicitly (backend name or ``impl:`` token: keyword, env, per_op, priority,
             tuning); under the built-in default it serves device arrays only.
+        owner: the :class:`tensor_ops.backends._contract.Backend` that registered it, if any.
+        plain_entry: a native plain-call entry (``PlainEntry``) the manager may give the
+            facade for plain calls (set by the backend once its native code is loaded).
+        declines_host: set on the resolver's views of a ``"when-named"`` impl that the order
+            did not name (they decline host arrays).
 
     Example:
         >>> impl = OpImpl(op_name="rms_norm", impl_id="vendor.demo", kind="vendor",
@@ -114,6 +120,9 @@ class OpImpl:
     api: Optional[str] = None
     host_arrays: str = "always"
     source: str = field(default="")
+    owner: Any = field(default=None, repr=False)
+    plain_entry: Any = field(default=None, repr=False)
+    declines_host: bool = False
 
     def __post_init__(self) -> None:
         if not isinstance(self.op_name, str) or not self.op_name:
@@ -155,6 +164,28 @@ class OpImpl:
                 f"backend={self.backend!r}, priority={self.priority})")
 
 
+def check_signature(op: str, fn: Callable[..., Any], impl_id: str) -> None:
+    """Refuse ``fn`` when it cannot take facade op ``op``'s kernel arguments (the backend
+    contract: validated arguments, ``out`` last). pluggy's ``_verify_hook`` is the model: the
+    error names the impl, the op, the expected call and the signature given.
+
+    Callables whose signature Python cannot read (C functions without a text signature) are
+    accepted: their own argument checks speak at the first call."""
+    spec = SPECS.get(op)
+    if spec is None:
+        return
+    try:
+        sig = inspect.signature(fn)
+    except (TypeError, ValueError):
+        return
+    try:
+        sig.bind(*spec.kernel_params)
+    except TypeError as exc:
+        want = ", ".join(spec.kernel_params)
+        raise TypeError(f"impl {impl_id!r} for op {op!r}: fn{sig} cannot be called as fn({want}) "
+                        f"(the backend contract of {op!r}: validated arguments, out last): {exc}") from None
+
+
 class OpRegistry:
     """Thread-safe store ``{(op, api): {impl_id: OpImpl}}``.
 
@@ -175,6 +206,8 @@ class OpRegistry:
         """Add ``impl``; a duplicate ``(op, impl_id)`` raises ValueError naming both sites."""
         if not isinstance(impl, OpImpl):
             raise TypeError(f"register_impl expects an OpImpl, got {type(impl).__name__}")
+        if impl.api == "facade":
+            check_signature(impl.op_name, impl.fn, impl.impl_id)
         if self._strict_names and impl.op_name not in KNOWN_OPS:
             raise ValueError(
                 f"unknown op {impl.op_name!r} in registration of {impl.impl_id!r}; "

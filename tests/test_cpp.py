@@ -562,9 +562,9 @@ def test_registered_impls_call_native_functions(C):
     from tensor_ops.backends import cpp
     from tensor_ops._registry import OpRegistry
     reg = OpRegistry()
-    cpp.register(reg)
+    cpp.BACKEND.register(reg)
     impls = {i.op_name: i for i in reg.all_impls()}
-    assert set(impls) == set(cpp.OPS)
+    assert set(impls) == set(cpp.BACKEND.ops)
     assert cpp.availability()[0]
     assert impls["rms_norm"].fn is C.rms_norm  # bound directly: no Python wrapper per call
     x = np.ones((2, 8), np.float32)
@@ -587,7 +587,7 @@ def test_register_loads_no_native_code():
         import sys
         from tensor_ops.backends import cpp
         from tensor_ops._registry import OpRegistry
-        cpp.register(OpRegistry())
+        cpp.BACKEND.register(OpRegistry())
         assert 'tensor_ops._cpp' not in sys.modules, 'native module loaded by register()'
         assert not any(m in sys.modules for m in ('torch', 'cupy', 'pyopencl'))
         print('ok')

@@ -164,7 +164,7 @@ def test_supports_raising_is_a_backend_failure():
     """A bug inside supports() is that impl's failure: fall back, warn once, count it."""
     def bad_supports(x, out=None):
         raise AttributeError("injected: supports() bug")
-    with Vendor("silu", _silu_ref, supports=bad_supports) as v:
+    with Vendor("silu", lambda x, out: _silu_ref(x), supports=bad_supports) as v:
         res, warns = _calls(v, n=2)
         np.testing.assert_array_equal(res[0], _silu_ref(X))
         assert len(warns) == 1 and "supports() bug" in warns[0]

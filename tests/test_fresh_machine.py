@@ -146,3 +146,20 @@ def test_ci_runs_the_readme_quick_start():
     assert test == "python -m pytest -q"
     ci = (ROOT / ".ci" / "run").read_text()
     assert "-m venv" in ci and "readme_commands.py" in ci
+
+
+@pytest.mark.parametrize("line", [
+    "     STT_FUNC         STB_GLOBAL STO_ENTRY      rms_norm_f32",      # cuobjdump <= 13.0
+    "FUNC          GLOBAL  DEFAULT    ENTRY                                rms_norm_f32",   # 13.5
+])
+def test_fatbin_check_reads_both_cuobjdump_formats(monkeypatch, tmp_path, line):
+    """A fresh venv gets the newest cuobjdump wheel, whose symbol table is spelled differently."""
+    import types
+    from tensor_ops._build import cuda_build
+    out = f"Fatbin elf code:\narch = sm_90\n{line}\nFUNC          WEAK    DEFAULT    -    $__internal_0\n"
+    monkeypatch.setattr(cuda_build, "_run", lambda cmd, timeout=None: types.SimpleNamespace(
+        returncode=0, stdout=out if "-symbols" in cmd else ""))
+    fatbin = tmp_path / "x.fatbin"
+    fatbin.write_bytes(b"\0")
+    got = cuda_build.fatbin_contents(fatbin, cuobjdump="cuobjdump")
+    assert got["symbols"] == {"sm_90": {"rms_norm_f32"}}

@@ -243,7 +243,9 @@ def fatbin_contents(path: Path, cuobjdump: str | None = None) -> dict:
             arch = m.group(1)
             symbols.setdefault(arch, set())
             continue
-        m = re.match(r"\s*STT_FUNC\s+STB_GLOBAL\s+\S*\s*(\w+)\s*$", line)
+        # cuobjdump <= 13.0 prints "STT_FUNC STB_GLOBAL STO_ENTRY name"; 13.5 prints
+        # "FUNC GLOBAL DEFAULT ENTRY name": accept both spellings.
+        m = re.match(r"\s*(?:STT_)?FUNC\s+(?:STB_)?GLOBAL\s+.*?(\w+)\s*$", line)
         if m and arch:
             symbols[arch].add(m.group(1))
     ptx = _run([tool, "-lptx", str(path)], timeout=600)

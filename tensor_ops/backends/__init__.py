@@ -1,30 +1,32 @@
-"""Built-in backends. Each module here follows CONTRIBUTING.md's backend contract
-(``NAME``, ``availability()``, ``register(registry)``, ``info()``) and is registered into the
-global registry exactly like a plugin. A device backend sets ``HOST_ARRAYS = "when-named"``:
-it then serves NumPy input only when an order names it (see OpImpl.host_arrays). Importing them is cheap: toolkits (cupy, pyopencl)
-and native modules are loaded only by ``availability()``.
+"""Built-in backends, one module each, named by the backend (the name rule, CONTRIBUTING.md):
+``numpy``, ``cpp``, ``opencl``, ``cuda``. Each defines its op functions under the op names
+and a ``BACKEND`` (:class:`~tensor_ops.backends._contract.Backend`), registered by
+:func:`~tensor_ops.backends._contract.register_backend` exactly like a plugin's. Importing
+them is cheap: toolkits (cupy, pyopencl) and native modules are loaded by the backend's
+probe, the first time an order reaches it.
 """
 from __future__ import annotations
 
 import importlib
 import logging
 
+from .._ops import BUILTIN_BACKENDS
+from ._contract import Backend, register_backend
+
 log = logging.getLogger("tensor_ops")
 
-BUILTIN_MODULES = {
-    "numpy": "tensor_ops.backends.numpy_backend",
-    "cpp": "tensor_ops.backends.cpp",
-    "opencl": "tensor_ops.backends.opencl",
-    "cuda": "tensor_ops.backends.cuda",
-}
+#: registration order (the default *order* is BUILTIN_BACKENDS, fastest first)
+BUILTIN_NAMES = ("numpy", "cpp", "opencl", "cuda")
+assert set(BUILTIN_NAMES) == set(BUILTIN_BACKENDS)
 
 
 def load_builtin(name: str):
-    """The backend module, or None when this build does not ship it."""
+    """The backend module ``tensor_ops.backends.<name>``, or None when this build lacks it."""
+    modname = f"{__name__}.{name}"
     try:
-        return importlib.import_module(BUILTIN_MODULES[name])
+        return importlib.import_module(modname)
     except ModuleNotFoundError as exc:
-        if exc.name == BUILTIN_MODULES[name]:
+        if exc.name == modname:
             return None
         raise
 
@@ -32,17 +34,20 @@ def load_builtin(name: str):
 def register_builtins(registry) -> dict:
     """Register every shipped backend; returns {name: module or error string}."""
     out: dict = {}
-    for name in ("numpy", "cpp", "opencl", "cuda"):
+    for name in BUILTIN_NAMES:
         try:
             mod = load_builtin(name)
             if mod is None:
                 out[name] = "not shipped in this version"
                 continue
-            mod.register(registry)
-            policy = getattr(mod, "HOST_ARRAYS", "always")
-            for impl in registry.all_impls():
-                if impl.backend == name and impl.api == "facade":
-                    impl.host_arrays = policy
+            backend = getattr(mod, "BACKEND", None)
+            if isinstance(backend, Backend):
+                register_backend(registry, backend)
+            else:               # a backend not yet on the contract registers itself
+                mod.register(registry)
+                for impl in registry.all_impls():
+                    if impl.backend == name and impl.api == "facade":
+                        impl.host_arrays = getattr(mod, "HOST_ARRAYS", "always")
             out[name] = mod
         except Exception as exc:  # a broken backend module must not break the others
             log.warning("tensor_ops: backend %r failed to register: %s: %s", name, type(exc).__name__, exc)

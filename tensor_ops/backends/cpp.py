@@ -13,26 +13,20 @@ documented in ``tensor_ops/_cpp.pyi``.
 """
 from __future__ import annotations
 
-import threading
 from typing import Any
 
-NAME = "cpp"
-OPS = ("rms_norm", "layer_norm", "softmax", "silu", "relu", "gelu", "swiglu", "geglu", "rope")
+import numpy as np
 
-_LOCK = threading.Lock()
-_AVAIL: tuple[bool, str] | None = None
+from .._ops import KERNEL_OPS
+from ._contract import Backend, PlainEntry, Unavailable
+
 _MOD: Any = None
-_IMPLS: list = []  # every OpImpl we registered (for the switch to native fns)
-
 _BUILD_HINT = "run `pip install -e .` or `python setup.py build_ext --inplace`"
 
 
 def _error(msg: str) -> Exception:
-    try:
-        from tensor_ops._errors import BackendError
-        return BackendError(f"cpp: {msg}")
-    except Exception:  # pragma: no cover - core not importable
-        return RuntimeError(f"cpp: {msg}")
+    from tensor_ops._errors import BackendError
+    return BackendError(f"cpp: {msg}")
 
 
 def _recorded_build_failure() -> str:
@@ -85,42 +79,35 @@ def _probe(mod) -> str:
 
 def availability() -> tuple[bool, str]:
     """(True, summary) or (False, reason); decided once, never raises."""
-    global _AVAIL
-    if _AVAIL is not None:
-        return _AVAIL
-    with _LOCK:
-        if _AVAIL is None:
-            _AVAIL = _decide()
-            if _AVAIL[0]:
-                for impl in _IMPLS:
-                    _bind_native(impl)
-    return _AVAIL
+    return BACKEND.availability()
 
 
-def _bind_native(impl) -> None:
-    """Point ``impl`` at the native function, and offer the manager the facade entry."""
-    op = impl.op_name
-    impl.fn = getattr(_MOD, op)
-    entry = getattr(_MOD, "_fast_" + op, None)   # module.cpp's plain-call entry
-    if entry is not None:
-        impl._fast = (impl.fn, entry, lambda: _MOD._fast_calls().get(op, 0))
+def _bind_native() -> None:
+    """Point every registered impl at the native function and offer the manager its
+    plain-call entry (runs once, when the probe succeeded)."""
+    for impl in BACKEND.impls:
+        op = impl.op_name
+        impl.fn = getattr(_MOD, op)
+        entry = getattr(_MOD, "_fast_" + op, None)   # fast_entry.cpp's plain-call entry
+        if entry is not None:
+            impl.plain_entry = PlainEntry(impl.fn, entry, lambda op=op: _MOD._fast_calls().get(op, 0))
 
 
-def _decide() -> tuple[bool, str]:
+def _probe_backend() -> str:
     try:
         mod = _load()
     except ImportError as exc:
-        return False, (f"tensor_ops._cpp is not built: {_BUILD_HINT} "
-                       f"(ImportError: {exc}){_recorded_build_failure()}")
+        raise Unavailable(f"tensor_ops._cpp is not built: {_BUILD_HINT} "
+                          f"(ImportError: {exc}){_recorded_build_failure()}") from None
     except Exception as exc:  # e.g. a bad TENSOR_OPS_MAX_ISA value raised at import
-        return False, f"tensor_ops._cpp failed to load: {type(exc).__name__}: {exc}"
+        raise Unavailable(f"tensor_ops._cpp failed to load: {type(exc).__name__}: {exc}") from None
     try:
         problem = _probe(mod)
     except Exception as exc:
-        return False, f"probe kernel raised {type(exc).__name__}: {exc}"
+        raise Unavailable(f"probe kernel raised {type(exc).__name__}: {exc}") from None
     if problem:
-        return False, problem
-    return True, f"isa={mod.ISA}, threads={mod.get_num_threads()}"
+        raise Unavailable(problem)
+    return f"isa={mod.ISA}, threads={mod.get_num_threads()}"
 
 
 def _stub(op: str):
@@ -145,47 +132,34 @@ def _supports(x, *rest) -> bool:
     return d is _F32 or d is _F16 or d in _DTYPES
 
 
-def register(registry) -> None:
-    """Register one ``default.cpp`` OpImpl per facade op (loads no native code)."""
-    global _ndarray, _DTYPES, _F32, _F16
-    import numpy as np
-    from tensor_ops._registry import BackendImplKind, OpImpl
-    _ndarray = np.ndarray
-    _F32, _F16 = np.dtype(np.float32), np.dtype(np.float16)
-    _DTYPES = frozenset((_F32, _F16))
-    for op in OPS:
-        impl = OpImpl(op_name=op, impl_id=f"default.{NAME}", kind=BackendImplKind.DEFAULT, fn=_stub(op),
-                      backend=NAME, supports=_supports, available=availability, api="facade")
-        if _AVAIL is not None and _AVAIL[0]:
-            _bind_native(impl)
-        registry.register_impl(impl)
-        _IMPLS.append(impl)
-
-
-_ndarray: Any = None
-_F32: Any = None
-_F16: Any = None
-_DTYPES: frozenset = frozenset()
-
-
-def get_optimization_info() -> dict:
-    """Compiled variants, selected ISA, CPU support, OpenMP threads, compiler and flags.
-
-    Example:
-        >>> from tensor_ops.backends import cpp
-        >>> info = cpp.get_optimization_info()
-        >>> info["available"] in (True, False)
-        True
-    """
-    ok, reason = availability()
-    if not ok:
-        return {"available": False, "reason": reason}
-    return {"available": True, "reason": None, **_MOD.build_info()}
+_ndarray = np.ndarray
+_F32, _F16 = np.dtype(np.float32), np.dtype(np.float16)
+_DTYPES = frozenset((_F32, _F16))
 
 
 def info() -> dict:
     """What get_backend_info() shows for cpp."""
-    return get_optimization_info()
+    return dict(_MOD.build_info())
+
+
+BACKEND = Backend(name="cpp", ops={op: _stub(op) for op in KERNEL_OPS}, probe=_probe_backend,
+                  array_kinds=("numpy",), supports=_supports, info=info)
+BACKEND.availability.on_ok.append(_bind_native)
+
+
+def get_cpp_info() -> dict:
+    """Availability, array kinds, ops, compiled variants, selected ISA, CPU support, OpenMP
+    threads, compiler and flags.
+
+    Example:
+        >>> from tensor_ops.backends import cpp
+        >>> cpp.get_cpp_info()["available"] in (True, False)
+        True
+    """
+    return BACKEND.describe()
+
+
+get_optimization_info = get_cpp_info   # the name of the seed's guide, kept
 
 
 def set_num_threads(n: int) -> None:
@@ -222,7 +196,6 @@ def native():
 
 
 def _reset_for_tests() -> None:
-    global _AVAIL, _MOD
-    with _LOCK:
-        _AVAIL = None
-        _MOD = None
+    global _MOD
+    BACKEND.availability.reset()
+    _MOD = None

@@ -8,9 +8,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from .._registry import BackendImplKind, OpImpl
+from .._registry import BackendImplKind
+from ._contract import Backend, ops_from
 
-NAME = "numpy"
 _SQRT_2_OVER_PI = 0.7978845608028654
 
 try:  # scipy's erf is correctly rounded to ~1 ulp and vectorised
@@ -133,22 +133,18 @@ def _supports_host(x, *rest):
     return type(x) is np.ndarray
 
 
-def availability():
-    return True, ""
+def _probe() -> str:
+    return f"numpy {np.__version__}"
 
 
 def info() -> dict:
     return {"numpy": np.__version__, "erf": "scipy.special.erf" if _erf.__class__.__name__ != "vectorize" else "math.erf"}
 
 
-OPS = {
-    "rms_norm": rms_norm, "layer_norm": layer_norm, "softmax": softmax, "silu": silu,
-    "gelu": gelu, "relu": relu, "swiglu": swiglu, "geglu": geglu, "rope": rope, "matmul": matmul,
-}
+BACKEND = Backend(name="numpy", ops=ops_from(globals()), probe=_probe, kind=BackendImplKind.REFERENCE,
+                  array_kinds=("numpy",), supports=_supports_host, info=info)
 
 
-def register(registry) -> None:
-    for op, fn in OPS.items():
-        registry.register_impl(OpImpl(
-            op_name=op, impl_id="reference.numpy", kind=BackendImplKind.REFERENCE, backend=NAME,
-            fn=fn, priority=0, supports=_supports_host, available=availability, api="facade"))
+def get_numpy_info() -> dict:
+    """Availability, array kinds, ops and versions of the NumPy reference backend."""
+    return BACKEND.describe()

@@ -1,0 +1,49 @@
+"""Helpers the op families share: the row-wise preparation and fp64 building blocks."""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from .._validate import check_out, contiguous, rows_2d
+from ._spec import Prepared
+
+SQRT_2_OVER_PI = math.sqrt(2.0 / math.pi)
+GELU_TANH_CUBIC = 0.044715
+
+
+def f64(a):
+    return np.asarray(a, dtype=np.float64)
+
+
+def rows(x, kx: str, dt, extra: tuple, out, out_width: int | None = None) -> Prepared:
+    """The common preparation of a row-wise op: ``x`` viewed as (rows, n) C-contiguous, the
+    result (rows, out_width), ``out=`` checked; kernel args ``(x2, *extra, out2)``.
+
+    An empty ``x`` (any axis 0) gives ``args=None``: the facade returns the empty result
+    without dispatching (the same on every backend)."""
+    n = x.shape[-1]
+    w = n if out_width is None else out_width
+    shape = tuple(x.shape[:-1]) + (w,)
+    kern_out, user_out = check_out(out, kx, x, dt, shape)
+    if 0 in tuple(x.shape) or 0 in shape:
+        return Prepared(None, kx, x, dt, shape, None, user_out, kern_out, 0)
+    x2 = rows_2d(contiguous(x, kx), n)
+    o2 = rows_2d(kern_out, w) if kern_out is not None else None
+    return Prepared((x2, *extra, o2), kx, x, dt, shape, (x2.shape[0], w), user_out, o2, x.nbytes)
+
+
+def erf64(x):
+    try:
+        from scipy.special import erf
+    except ImportError:  # scipy is a dependency; keep a correct (slow) path anyway
+        return np.vectorize(math.erf, otypes=[np.float64])(x)
+    return erf(x)
+
+
+def normal(rng, shape, dtype, scale: float = 2.0):
+    return (rng.standard_normal(shape) * scale).astype(dtype)
+
+
+def weight(rng, n: int, dtype):
+    return (rng.standard_normal(n) * 0.5 + 1).astype(dtype)
