@@ -138,3 +138,37 @@ def format_info(info: dict) -> str:
         for p in pl["failed"]:
             lines.append(f"plugin {p['name']} ({p['source']}) FAILED: {p['reason']}")
     return "\n".join(lines)
+
+
+def backend_info(name: str) -> dict:
+    """``get_<name>_info()`` of a built-in backend (the name rule): availability with the
+    reason, the array kinds it serves, its ops and what the backend reports about itself."""
+    mod = _global.builtins().get(name)
+    if mod is None:
+        raise ValueError(f"unknown backend {name!r}; built-in backends: {sorted(_global.builtins())}")
+    if isinstance(mod, str):
+        return {"available": False, "reason": mod}
+    backend = getattr(mod, "BACKEND", None)
+    if backend is not None:
+        return backend.describe()
+    return getattr(mod, f"get_{name}_info")()
+
+
+def get_numpy_info() -> dict:
+    """The NumPy reference backend: availability, array kinds, ops, versions."""
+    return backend_info("numpy")
+
+
+def get_cpp_info() -> dict:
+    """The C++ SIMD backend: availability (or why not), ISA variants, threads, flags."""
+    return backend_info("cpp")
+
+
+def get_opencl_info() -> dict:
+    """The OpenCL backend: availability (or why not), device, program cache, layout."""
+    return backend_info("opencl")
+
+
+def get_cuda_info() -> dict:
+    """The CUDA backend: availability (or why not), devices, fatbin or NVRTC."""
+    return backend_info("cuda")

@@ -425,7 +425,11 @@ class OpManager:
                 if res is not None:
                     entry.update({
                         "order": [i.impl_id for i in res.candidates],
-                        "selected": res.candidates[0].impl_id if res.candidates else None,
+                        # what NumPy input gets: impls that serve device arrays only come first
+                        # in the order but decline host arrays (listed under device_only)
+                        "selected": next((i.impl_id for i in res.candidates if not i.declines_host),
+                                         res.candidates[0].impl_id if res.candidates else None),
+                        "device_only": [i.impl_id for i in res.candidates if i.declines_host],
                         "source": res.source, "tokens": res.tokens, "excluded": dict(res.excluded),
                         **({"note": res.note} if res.note else {})})
                 if api == "facade" and op in self.fast_fns:   # plain calls skip the resolver

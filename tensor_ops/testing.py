@@ -22,6 +22,7 @@ from __future__ import annotations
 import contextlib
 import zlib
 from dataclasses import dataclass, field
+from types import SimpleNamespace
 from typing import Any, Iterable, Iterator, Optional
 
 import numpy as np
@@ -29,8 +30,8 @@ import numpy as np
 from ._ops import SPECS, TOLERANCES, OpSpec, spec
 from ._ops import tolerance as _tolerance
 
-__all__ = ["SHAPES", "DTYPES", "TOLERANCES", "Case", "Report", "cases", "oracle", "tolerance", "compare",
-           "run_conformance", "strict"]
+__all__ = ["SHAPES", "DTYPES", "TOLERANCES", "Case", "Report", "cases", "oracle", "oracles", "tolerance",
+           "compare", "run_case", "run_conformance", "strict"]
 
 #: shape id -> shape; "strided" is a (3, 66) non-contiguous view of a (6, 132) array
 SHAPES = {
@@ -44,6 +45,10 @@ DTYPES = ("float32", "float16", "float64")
 def oracle(op: str, x, *args, **kwargs):
     """``op`` computed from its definition in float64 (independent of every backend)."""
     return spec(op).oracle(x, *args, **kwargs)
+
+
+#: the fp64 oracles by op name, with the facade's signatures: ``oracles.rms_norm(x, w, eps)``
+oracles = SimpleNamespace(**{name: s.oracle for name, s in SPECS.items()})
 
 
 def tolerance(op: str, dtype, n: int = 1, level: str = "conformance") -> tuple[float, float]:

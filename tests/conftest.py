@@ -13,8 +13,10 @@ import pytest
 
 import tensor_ops as to
 from tensor_ops import _state
+from tensor_ops._ops import BUILTIN_BACKENDS
 
-BACKENDS = ("numpy", "cpp", "opencl", "cuda")
+#: the built-in facade backends, reference first (the name rule: each is also a pytest marker)
+BACKENDS = ("numpy",) + tuple(b for b in BUILTIN_BACKENDS if b != "numpy")[::-1]
 
 
 @pytest.fixture(autouse=True)
@@ -56,6 +58,36 @@ def backend_impl(op: str, backend: str):
     if not ok:
         pytest.skip(f"{backend} unavailable: {reason}")
     return impl
+
+
+def pytest_configure(config):
+    for b in BACKENDS:
+        config.addinivalue_line("markers", f"{b}: tests of the {b} backend (every row that runs on it)")
+    config.addinivalue_line("markers", "every_backend: a module meant to run once per forced backend "
+                                       "(TENSOR_OPS_BACKEND=<name>); selected by every backend's marker")
+
+
+def pytest_collection_modifyitems(config, items):
+    """Mark every item with the backend(s) it exercises, so ``pytest -m cpp`` runs every cpp
+    row of every suite (conformance, bad input, fuzz, ...), not just tests/test_cpp.py:
+
+    - a ``backend`` parameter names it;
+    - a module ``tests/test_<backend>.py`` is that backend's;
+    - a module marked ``every_backend`` runs on whichever backend is forced, so it gets all.
+    """
+    for item in items:
+        names = set()
+        spec = getattr(item, "callspec", None)
+        b = spec.params.get("backend") if spec is not None else None
+        if isinstance(b, str) and b in BACKENDS:
+            names.add(b)
+        stem = item.path.stem if hasattr(item, "path") else ""
+        if stem.startswith("test_") and stem[5:] in BACKENDS:
+            names.add(stem[5:])
+        if item.get_closest_marker("every_backend") is not None:
+            names.update(BACKENDS)
+        for n in sorted(names):
+            item.add_marker(getattr(pytest.mark, n))
 
 
 def pytest_addoption(parser):

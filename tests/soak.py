@@ -39,7 +39,7 @@ import tensor_ops as to  # noqa: E402
 from tensor_ops import BackendFallbackWarning  # noqa: E402
 from tensor_ops._build.record import atomic_write_json  # noqa: E402
 
-FACADE_OPS = ("rms_norm", "layer_norm", "softmax", "silu", "relu", "gelu", "swiglu", "geglu", "rope", "matmul")
+from tensor_ops._ops import FACADE_OPS  # noqa: E402
 
 
 def rss_bytes() -> int:

@@ -30,7 +30,7 @@ import pytest
 
 import tensor_ops as to
 from tensor_ops import BackendFallbackWarning
-from tests import _reference as R
+from tensor_ops.testing import oracles as R
 from tests.conftest import BACKENDS, backend_impl, forced_backend
 
 ROOT = Path(__file__).resolve().parent.parent

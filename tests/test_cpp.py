@@ -12,13 +12,14 @@ import math
 import os
 import subprocess
 import sys
-import textwrap
 import threading
 
 import numpy as np
 import pytest
 
-from tests import _reference as ref
+from tensor_ops.testing import oracles as ref
+from tests._helpers import run_python
+from tensor_ops._ops import tolerance
 
 pytestmark = pytest.mark.cpp
 
@@ -66,12 +67,12 @@ def value(y, dt):
     return bf16_float(y).astype(np.float64) if dt == "bfloat16" else y.astype(np.float64)
 
 
-TOL = {"float32": (2e-6, 2e-6), "float16": (1e-3, 2e-3), "bfloat16": (8e-3, 1.6e-2)}
 DTYPES = ["float32", "float16", "bfloat16"]
 
 
 def check(got, want, dt, scale=1.0):
-    rtol, atol = TOL[dt]
+    """Within the project's one tolerance table; ``scale`` widens atol for sums over a row."""
+    rtol, atol = tolerance(dt)
     np.testing.assert_allclose(value(got, dt), want, rtol=rtol, atol=atol * scale, equal_nan=True)
 
 
@@ -82,19 +83,12 @@ def rope_tables(T, n, seed=3):
 
 
 def ref_rope(x, cos, sin, interleaved):
-    x = np.asarray(x, np.float64)
+    """The oracle on (rows, n) rows whose position is row % T (the kernel's layout)."""
     rows, n = x.shape
-    pos = np.arange(rows) % cos.shape[0]
-    c, s = cos[pos].astype(np.float64), sin[pos].astype(np.float64)
-    y = np.empty_like(x)
-    if interleaved:
-        y[:, 0::2] = x[:, 0::2] * c[:, 0::2] - x[:, 1::2] * s[:, 0::2]
-        y[:, 1::2] = x[:, 1::2] * c[:, 1::2] + x[:, 0::2] * s[:, 1::2]
-    else:
-        h = n // 2
-        y[:, :h] = x[:, :h] * c[:, :h] - x[:, h:] * s[:, :h]
-        y[:, h:] = x[:, h:] * c[:, h:] + x[:, :h] * s[:, h:]
-    return y
+    t = cos.shape[0]
+    reps = -(-rows // t)
+    y = ref.rope(np.resize(np.asarray(x, np.float64), (reps * t, n)).reshape(reps, t, n), cos, sin, interleaved)
+    return y.reshape(reps * t, n)[:rows]
 
 
 # ---------------------------------------------------------------------------- ops, tails
@@ -575,11 +569,7 @@ def test_registered_impls_call_native_functions(C):
 
 
 def _run_py(code: str, timeout: int = 600, **env):
-    e = dict(os.environ)
-    e.update(env)
-    e["PYTHONPATH"] = ROOT + os.pathsep + e.get("PYTHONPATH", "")
-    return subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True,
-                          env=e, cwd=ROOT, timeout=timeout)
+    return run_python(code, env=env, timeout=timeout)
 
 
 def test_register_loads_no_native_code():

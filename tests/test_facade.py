@@ -2,18 +2,17 @@
 import isolation, the info command and the examples."""
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
 
 import tensor_ops as to
+from tests._helpers import ROOT, run_python
 from tests.conftest import BACKENDS
 
-ROOT = Path(__file__).resolve().parent.parent
+# run once per forced backend in CI (TENSOR_OPS_BACKEND=<name> pytest -m <name>)
+pytestmark = pytest.mark.every_backend
+
 X = np.random.default_rng(1).standard_normal((4, 8)).astype(np.float32)
 W = np.ones(8, np.float32)
 CS = np.ones((4, 4), np.float32)
@@ -134,51 +133,36 @@ def test_backend_info_explains_everything(unforced):
     assert info["settings"]["priority"]["source"] == "built-in default"
 
 
-BLOCKER = """
-import sys, importlib.abc
-class Block(importlib.abc.MetaPathFinder):
-    def find_spec(self, name, path, target=None):
-        if name.split('.')[0] in ('torch', 'cupy', 'pyopencl'):
-            raise ImportError('blocked for the test: ' + name)
-sys.meta_path.insert(0, Block())
-"""
-
-
-def test_import_without_torch_cupy_pyopencl():
-    code = BLOCKER + """
-import numpy as np, tensor_ops as to
-assert not any(m.split('.')[0] in ('torch', 'cupy', 'pyopencl') for m in sys.modules)
-y = to.rms_norm(np.ones((2, 4), np.float32), np.ones(4, np.float32))
-info = to.get_backend_info()
-assert not info['backends']['cuda']['available'] and info['backends']['cuda']['reason']
-assert not info['backends']['opencl']['available'] and info['backends']['opencl']['reason']
-print('OK', to.get_backend('rms_norm'))
-"""
-    env = dict(os.environ, PYTHONPATH=str(ROOT))
-    env.pop("TENSOR_OPS_BACKEND", None)   # a forced device backend can't be forced with its toolkit blocked
-    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
+def test_import_without_torch_cupy_pyopencl(monkeypatch):
+    monkeypatch.delenv("TENSOR_OPS_BACKEND", raising=False)   # a forced device backend can't run with its toolkit blocked
+    p = run_python("""
+        import sys, numpy as np, tensor_ops as to
+        assert not any(m.split('.')[0] in ('torch', 'cupy', 'pyopencl') for m in sys.modules)
+        y = to.rms_norm(np.ones((2, 4), np.float32), np.ones(4, np.float32))
+        info = to.get_backend_info()
+        assert not info['backends']['cuda']['available'] and info['backends']['cuda']['reason']
+        assert not info['backends']['opencl']['available'] and info['backends']['opencl']['reason']
+        print('OK', to.get_backend('rms_norm'))
+    """, blocked=("torch", "cupy", "pyopencl"), timeout=120)
     assert p.returncode == 0, p.stderr
     assert p.stdout.startswith("OK")
 
 
 def test_plain_import_does_not_import_toolkits():
-    code = "import sys, tensor_ops; print(sorted(m for m in sys.modules if m.split('.')[0] in ('torch','cupy','pyopencl')))"
-    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                       env=dict(os.environ, PYTHONPATH=str(ROOT)), timeout=60)
+    p = run_python("import sys, tensor_ops; "
+                   "print(sorted(m for m in sys.modules if m.split('.')[0] in ('torch','cupy','pyopencl')))", timeout=60)
     assert p.stdout.strip() == "[]", p.stdout + p.stderr
 
 
 def test_info_command():
-    p = subprocess.run([sys.executable, "-m", "tensor_ops", "info"], capture_output=True, text=True,
-                       env=dict(os.environ, PYTHONPATH=str(ROOT)), timeout=300)
+    p = run_python("", "-m", "tensor_ops", "info")
     assert p.returncode == 0, p.stderr
     assert "rms_norm" in p.stdout and "backend    available" in p.stdout and "source" in p.stdout
 
 
 @pytest.mark.parametrize("example", ["example_intree.py", "example_outtree.py"])
 def test_examples_run(example):
-    p = subprocess.run([sys.executable, str(ROOT / "examples" / example)], capture_output=True, text=True,
-                       env=dict(os.environ, PYTHONPATH=str(ROOT)), timeout=300)
+    p = run_python("", str(ROOT / "examples" / example))
     assert p.returncode == 0, p.stdout + p.stderr
     assert p.stdout.strip().endswith("OK")
 
@@ -198,9 +182,9 @@ def test_plugin_isolation(monkeypatch, tmp_path):
             "assert 'vendor.half' not in to.get_registry().impl_ids()\n"
             "assert to.silu(np.zeros(2, np.float32))[0] == 0\n"
             "print('OK')\n")
-    env = dict(os.environ, PYTHONPATH=f"{ROOT}{os.pathsep}{tmp_path}",
-               TE_FL_PLUGIN_MODULES="broken_import_plugin,raising_plugin", TENSOR_OPS_CONFIG=str(tmp_path / "c.json"))
-    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
+    env = dict(PYTHONPATH=str(tmp_path), TE_FL_PLUGIN_MODULES="broken_import_plugin,raising_plugin",
+               TENSOR_OPS_CONFIG=str(tmp_path / "c.json"))
+    p = run_python(code, env=env, timeout=120)
     assert p.returncode == 0, p.stdout + p.stderr
 
 

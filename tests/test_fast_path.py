@@ -21,6 +21,8 @@ import pytest
 import tensor_ops as to
 from tensor_ops import _state
 
+pytestmark = pytest.mark.cpp    # the plain-call entries are the cpp backend's
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 OPS = ("rms_norm", "layer_norm", "softmax", "silu", "relu", "gelu", "swiglu", "geglu")
 

@@ -17,9 +17,6 @@ from __future__ import annotations
 import itertools
 import json
 import os
-import subprocess
-import sys
-import textwrap
 import warnings
 from pathlib import Path
 
@@ -28,7 +25,11 @@ import pytest
 
 import tensor_ops as to
 from tensor_ops import BackendError, BackendFallbackWarning, BackendImplKind, OpImpl
+from tests._helpers import run_python
 from tests.conftest import BACKENDS, forced_backend
+
+# run once per forced backend in CI (TENSOR_OPS_BACKEND=<name> pytest -m <name>)
+pytestmark = pytest.mark.every_backend
 
 ROOT = Path(__file__).resolve().parent.parent
 X = np.random.default_rng(3).standard_normal((3, 8)).astype(np.float32)
@@ -234,13 +235,11 @@ EXPECT_PLUGIN = {
 }
 
 
-def _python(code: str, env_extra: dict, timeout=300) -> dict:
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT)] + env_extra.pop("_path", [])),
-               PYTHONWARNINGS="ignore::DeprecationWarning", **env_extra)
-    env.pop("TENSOR_OPS_BACKEND", None)
-    env.pop("TENSOR_OPS_STRICT", None)
-    p = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True, env=env,
-                       timeout=timeout, cwd=str(ROOT))
+def _python(code: str, env_extra: dict, timeout=300, blocked=()) -> dict:
+    path = os.pathsep.join(env_extra.pop("_path", []))
+    env = dict(PYTHONWARNINGS="ignore::DeprecationWarning", TENSOR_OPS_BACKEND="", TENSOR_OPS_STRICT="",
+               **({"PYTHONPATH": path} if path else {}), **env_extra)
+    p = run_python(code, env=env, timeout=timeout, blocked=blocked)
     assert p.returncode == 0, p.stdout + p.stderr
     return json.loads(p.stdout.strip().splitlines()[-1])
 
@@ -388,12 +387,7 @@ def test_opencl_build_error_makes_it_unavailable_with_the_log(isolated_config, t
 
 
 CPP_MISSING = """
-import sys, json, importlib.abc, numpy as np
-class Block(importlib.abc.MetaPathFinder):
-    def find_spec(self, name, path, target=None):
-        if name == "tensor_ops._cpp":
-            raise ImportError("injected: native module missing")
-sys.meta_path.insert(0, Block())
+import sys, json, numpy as np
 import tensor_ops as to
 y = to.rms_norm(np.ones((2, 8), np.float32), np.ones(8, np.float32))
 info = to.get_backend_info()
@@ -407,13 +401,13 @@ print(json.dumps({"cpp": info["backends"]["cpp"], "ok": bool(np.allclose(y, 1, a
 
 
 def test_cpp_native_module_missing_is_unavailable_with_reason(isolated_config):
-    got = _python(CPP_MISSING, {"TENSOR_OPS_CONFIG": str(isolated_config)})
+    got = _python(CPP_MISSING, {"TENSOR_OPS_CONFIG": str(isolated_config)}, blocked=("tensor_ops._cpp",))
     cpp = got["cpp"]
     if "not shipped" in (cpp["reason"] or ""):
         pytest.skip(f"cpp backend: {cpp['reason']}")
-    assert not cpp["available"] and "injected: native module missing" in cpp["reason"], cpp
+    assert not cpp["available"] and "blocked by the test" in cpp["reason"], cpp
     assert got["ok"]
-    assert got["forced"] and "'cpp' was forced" in got["forced"] and "injected" in got["forced"]
+    assert got["forced"] and "'cpp' was forced" in got["forced"] and "blocked by the test" in got["forced"]
 
 
 def test_cuda_oom_hook_is_a_backend_failure_at_function_level():

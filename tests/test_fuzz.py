@@ -37,16 +37,23 @@ from hypothesis import strategies as st  # noqa: E402
 
 import tensor_ops as to  # noqa: E402
 from tensor_ops import BackendFallbackWarning  # noqa: E402
-from tests import _reference as R  # noqa: E402
+from tensor_ops._ops import SPECS  # noqa: E402
+from tensor_ops._ops import tolerance as _ops_tolerance  # noqa: E402
+from tensor_ops.testing import oracles as R  # noqa: E402
+from tensor_ops.testing import tolerance  # noqa: E402
 from tests.conftest import BACKENDS, forced_backend  # noqa: E402
+
+# run once per forced backend in CI (TENSOR_OPS_BACKEND=<name> pytest -m <name>)
+pytestmark = pytest.mark.every_backend
 
 REGRESSIONS = Path(__file__).resolve().parent / "regressions"
 PENDING = REGRESSIONS / "fuzz_pending.json"
 CI_EXAMPLES = 2000
 LONG_EXAMPLES = 25000
 
-OPS = ("rms_norm", "layer_norm", "softmax", "silu", "relu", "gelu", "gelu_tanh", "swiglu", "geglu",
-       "geglu_tanh", "rope", "rope_interleaved", "matmul")
+#: recipe op names: every facade op and variant of the op definitions (``gelu_tanh`` ...)
+_VARIANTS = {(f"{n}_{v}" if v else n): n for n, s in SPECS.items() for v in s.variants}
+OPS = tuple(_VARIANTS)
 WIDTHS = (1, 2, 3, 4, 5, 7, 8, 9, 15, 16, 17, 31, 32, 33, 63, 64, 65, 127, 128, 129, 255, 256, 257,
           511, 1000, 1024, 4097, 8192, 16385)
 ROWS = tuple(range(1, 10)) + (64, 257, 1031)           # many rows: the kernels' threaded paths
@@ -57,7 +64,6 @@ DTYPES = ("float16", "float32", "float64")
 # Largest |x| whose squares summed over a 4097-wide row stay finite in the op's math dtype
 # (fp16 storage is fp32 math), so the fp64 oracle and the backends agree on "finite".
 SAFE_LOG10 = {"float16": 4.0, "float32": 15.0, "float64": 150.0}
-TOL = {"float16": (2e-3, 2e-3), "float32": (2e-5, 1e-5), "float64": (1e-12, 1e-12)}
 
 
 # --------------------------------------------------------------------------- recipes
@@ -188,8 +194,13 @@ def build(p: dict):
     raise AssertionError(op)
 
 
+def facade_op(op):
+    """The facade op of a recipe op name (variants are spelled op_variant)."""
+    return _VARIANTS[op]
+
+
 def facade_fn(op):
-    return getattr(to, {"gelu_tanh": "gelu", "geglu_tanh": "geglu", "rope_interleaved": "rope"}.get(op, op))
+    return getattr(to, facade_op(op))
 
 
 def _out_shape(p, x):
@@ -212,11 +223,8 @@ def _make_out(p, x):
 
 
 def _tol(p, n):
-    rtol, atol = TOL[p["dtype"]]
-    if p["op"] in ("rms_norm", "layer_norm", "softmax", "matmul"):
-        atol *= max(1.0, math.sqrt(n) / 4)        # reductions: error grows with the row length
-        rtol *= max(1.0, math.sqrt(n) / 8)
-    return rtol, atol
+    """The one tolerance table's fuzz level (reductions widen with the row length)."""
+    return tolerance(facade_op(p["op"]), p["dtype"], n, level="fuzz")
 
 
 def _oracle(p, oracle):
@@ -240,7 +248,7 @@ def _gated_exact(p, x):
             act = a / (1 + np.exp(-2 * math.sqrt(2 / math.pi) * (a + 0.044715 * a ** 3)))
         else:
             act = 0.5 * a * erfc(-a / math.sqrt(2))
-        return act * b, np.abs(act) <= TOL[p["dtype"]][1]
+        return act * b, np.abs(act) <= _ops_tolerance(p["dtype"], level="fuzz")[1]
 
 
 def compare(p, got, want, where, atol_scale=None, ignore=None):
@@ -571,7 +579,6 @@ def test_recipes_are_deterministic():
 TEX_OPS_FUZZ = ("rmsnorm_fwd", "layernorm_fwd", "rmsnorm_bwd", "layernorm_bwd", "gelu", "silu", "relu", "swiglu",
                 "geglu", "scaled_softmax_forward")
 TEX_CI_EXAMPLES = 300
-TEX_TOL = {"float32": (2e-5, 2e-5), "float16": (2e-3, 2e-3), "bfloat16": (1.6e-2, 1.6e-2)}
 _T = {
     "op": st.sampled_from(TEX_OPS_FUZZ), "dtype": st.sampled_from(["float32", "float16", "bfloat16"]),
     "rows": st.sampled_from((1, 2, 3, 5, 8, 33)), "n": st.sampled_from((2, 4, 6, 8, 16, 30, 64, 130, 1024, 4098)),
@@ -662,7 +669,7 @@ def tex_check(p: dict, backends) -> int:
     with tex.use_backend("torch"):
         want = flat_out(run())
     runs = 0
-    rtol, atol = TEX_TOL[p["dtype"]]
+    rtol, atol = _ops_tolerance(p["dtype"], level="differential")   # tex backends vs reference.torch
     if p["op"] in ("rmsnorm_bwd", "layernorm_bwd"):
         atol *= max(1.0, math.sqrt(x.numel() / n))       # dgamma sums over the rows
     if p["op"] in ("swiglu", "geglu"):                   # act(a)'s absolute error times |b|

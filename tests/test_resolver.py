@@ -11,6 +11,9 @@ import tensor_ops as to
 from tensor_ops import BackendImplKind, OpImpl, OpManager, OpRegistry
 from tensor_ops._policy import build_settings
 
+# run once per forced backend in CI (TENSOR_OPS_BACKEND=<name> pytest -m <name>)
+pytestmark = pytest.mark.every_backend
+
 
 def _impl(op, impl_id, kind="vendor", **kw):
     tag = impl_id

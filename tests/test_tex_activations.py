@@ -8,6 +8,9 @@ import tensor_ops.tex as tex  # noqa: E402
 from tensor_ops.tex import _activations as A  # noqa: E402
 from tensor_ops.tex import _testing as T  # noqa: E402
 
+# run once per forced backend in CI (TENSOR_OPS_BACKEND=<name> pytest -m <name>)
+pytestmark = pytest.mark.every_backend
+
 DT = [pytest.param(d, id=str(d).split(".")[-1]) for d in T.DTYPES]
 SHAPES = [(1, 6), (7, 34), (2, 3, 130), (0, 8)]
 

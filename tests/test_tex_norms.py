@@ -7,6 +7,9 @@ torch = pytest.importorskip("torch")
 import tensor_ops.tex as tex  # noqa: E402
 from tensor_ops.tex import _testing as T  # noqa: E402
 
+# run once per forced backend in CI (TENSOR_OPS_BACKEND=<name> pytest -m <name>)
+pytestmark = pytest.mark.every_backend
+
 SHAPES = [(1, 7), (5, 33), (3, 4, 64), (2, 3, 5, 129), (0, 16)]
 DT = [pytest.param(d, id=str(d).split(".")[-1]) for d in T.DTYPES]
 

@@ -105,7 +105,8 @@ def configure(show=False, backend=None, priority=None, op=None, strict=None, res
             if k != "runtime_override":
                 print(f"  {k:<14} = {json.dumps(v['value'])}   ({v['source'] if not isinstance(v['source'], dict) else v['source'] or 'default'})", file=out)
         print(f"  tuning         : {info['tuning']['status']}", file=out)
-        for op in ("rms_norm", "layer_norm", "softmax", "silu", "gelu", "relu", "swiglu", "geglu", "rope", "matmul"):
+        from tensor_ops._ops import FACADE_OPS
+        for op in FACADE_OPS:
             try:
                 print(f"  {op:<14} -> {to.get_backend(op)}", file=out)
             except Exception as exc:  # show, don't crash, when e.g. a forced backend is missing

@@ -1,0 +1,41 @@
+"""Helpers every test module shares: a Python subprocess on this checkout, and import blocking.
+
+Subprocesses are how the suite checks what only a fresh interpreter shows (import-time
+behaviour, a missing toolkit, fork safety): they run ``sys.executable`` with this checkout
+first on ``PYTHONPATH``, so the tree under test is the one imported.
+"""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def block_imports(*names: str, message: str = "blocked by the test") -> str:
+    """Python source that makes ``import <name>`` (and its submodules) raise ImportError.
+
+    ``names`` are top-level packages (``"torch"``) or exact modules (``"tensor_ops._cpp"``)."""
+    return textwrap.dedent(f"""
+        import sys, importlib.abc
+        class _Block(importlib.abc.MetaPathFinder):
+            def find_spec(self, name, path, target=None):
+                if name in {names!r} or name.split('.')[0] in {names!r}:
+                    raise ImportError({message!r} + ': ' + name)
+        sys.meta_path.insert(0, _Block())
+    """)
+
+
+def run_python(code: str = "", *args: str, env: dict | None = None, timeout: float = 300,
+               blocked: tuple = (), cwd: Path = ROOT) -> subprocess.CompletedProcess:
+    """Run ``code`` (dedented; or ``args`` such as ``-m tensor_ops info``) in a fresh
+    interpreter on this checkout; ``blocked`` modules fail to import there."""
+    e = dict(os.environ)
+    e.update(env or {})
+    e["PYTHONPATH"] = os.pathsep.join([str(ROOT)] + ([e["PYTHONPATH"]] if e.get("PYTHONPATH") else []))
+    src = (block_imports(*blocked) if blocked else "") + textwrap.dedent(code)
+    cmd = [sys.executable, *(("-c", src) if code else ()), *args]
+    return subprocess.run(cmd, capture_output=True, text=True, env=e, cwd=str(cwd), timeout=timeout)
