@@ -18,6 +18,7 @@ from ._config import check_token
 from ._errors import BackendError, BackendFallbackWarning, BackendUnavailableError
 from ._ops import BUILTIN_BACKENDS
 from ._registry import BackendImplKind, OpImpl, OpRegistry, default_api
+from ._resolve import Resolution, default_rank, host_declined, is_shared, match, wrong_result
 
 log = logging.getLogger("tensor_ops")
 
@@ -28,68 +29,6 @@ try:
 except ImportError:  # pragma: no cover - numpy is a dependency
     _ND = ()
 _VENDOR = BackendImplKind.VENDOR
-
-
-class Resolution:
-    """The cached outcome of resolving one op under one policy."""
-
-    __slots__ = ("op", "api", "tokens", "source", "forced", "strict", "candidates", "excluded",
-                 "by_impl", "fallbacks", "logged", "note", "seq")
-
-    def __init__(self, op, api, tokens, source, forced, strict, candidates, excluded, note=""):
-        self.op, self.api, self.tokens, self.source = op, api, tokens, source
-        self.forced, self.strict = forced, strict
-        self.candidates: tuple = candidates
-        self.excluded: dict = excluded           # impl_id -> reason
-        self.by_impl: dict = {}
-        self.fallbacks = 0
-        self.logged: Optional[OpImpl] = None
-        self.note = note
-
-
-def _host_declined(impl: OpImpl) -> OpImpl:
-    """A view of ``impl`` that declines host (NumPy) arrays: used when the order did not name
-    a device backend, so host data is not copied to a device nobody asked for."""
-    import dataclasses
-    import numpy as np
-    inner = impl.supports
-
-    def supports(*args, **kw):
-        if args and type(args[0]) is np.ndarray:
-            return False
-        return inner(*args, **kw) if inner is not None else True
-
-    return dataclasses.replace(impl, supports=supports, source=impl.source, declines_host=True)
-
-
-def _wrong_result(out, expect) -> bool:
-    """True when a facade impl returned something other than an array of the expected 2-D
-    shape and dtype (a lying backend must not hand garbage to the caller)."""
-    try:
-        dt = out.dtype
-        return out.shape != expect[0] or (dt is not expect[1] and dt != expect[1])
-    except AttributeError:
-        return True
-
-
-def _match(impl: OpImpl, tok: str) -> bool:
-    if tok in ("default", "vendor", "reference"):
-        return impl.kind.value == tok
-    if tok.startswith("vendor:"):
-        return impl.kind is _VENDOR and (impl.vendor or "").lower() == tok[7:]
-    if tok.startswith("impl:"):
-        return impl.impl_id == tok[5:]
-    return impl.backend == tok
-
-
-def _default_rank(impl: OpImpl) -> tuple:
-    """Order of impls no token named: built-in accelerated, other defaults, vendors, references."""
-    if impl.kind is _REF:
-        return (3, 0, -impl.priority, impl.impl_id)
-    if impl.kind is _VENDOR:
-        return (2, 0, -impl.priority, impl.impl_id)
-    b = BUILTIN_BACKENDS.index(impl.backend) if impl.backend in BUILTIN_BACKENDS else len(BUILTIN_BACKENDS)
-    return (1, b, -impl.priority, impl.impl_id)
 
 
 class OpManager:
@@ -269,33 +208,33 @@ class OpManager:
 
         ordered: list = []
         for tok in tokens:
-            for impl in sorted((i for i in usable if _match(i, tok)), key=lambda i: (-i.priority, i.impl_id)):
+            for impl in sorted((i for i in usable if match(i, tok)), key=lambda i: (-i.priority, i.impl_id)):
                 if impl not in ordered:
                     ordered.append(impl)
         note = ""
         if forced:
             tok = tokens[0]
-            named = [i for i in impls if _match(i, tok)]
+            named = [i for i in impls if match(i, tok)]
             if named and not ordered:
                 reasons = "; ".join(f"{i.impl_id}: {excluded.get(i.impl_id)}" for i in named)
                 raise BackendUnavailableError(
                     f"backend {tok!r} was forced for op {op!r} ({source}) but is not available: {reasons}")
             if not named:
-                if not any(_match(i, tok) for i in self.registry.all_impls()) and tok not in self._names():
+                if not any(match(i, tok) for i in self.registry.all_impls()) and tok not in self._names():
                     raise BackendUnavailableError(f"backend {tok!r} was forced ({source}) but nothing by that name is registered")
                 note = f"{tok!r} has no {op!r}; served by the fallback"
             fb = ((s.fallback or []) if s is not None else []) + ["reference"]
             for ftok in fb:
-                for impl in sorted((i for i in usable if _match(i, ftok)), key=lambda i: (-i.priority, i.impl_id)):
+                for impl in sorted((i for i in usable if match(i, ftok)), key=lambda i: (-i.priority, i.impl_id)):
                     if impl not in ordered:
                         ordered.append(impl)
         else:
-            rest = sorted((i for i in usable if i not in ordered), key=_default_rank)
+            rest = sorted((i for i in usable if i not in ordered), key=default_rank)
             ordered += [i for i in rest if i.kind is not _REF] + [i for i in rest if i.kind is _REF]
         named = set() if source == "built-in default" else \
             {t for t in tokens if t not in ("default", "vendor", "reference") and not t.startswith("vendor:")}
         ordered = [i if i.host_arrays == "always" or i.backend in named or f"impl:{i.impl_id}" in named
-                   else _host_declined(i) for i in ordered]
+                   else host_declined(i) for i in ordered]
         return Resolution(op, api, tokens, source, forced, strict, tuple(ordered), excluded, note)
 
     def _exclusion(self, impl: OpImpl) -> str:
@@ -348,7 +287,7 @@ class OpManager:
                     out = impl.fn(*args)
                 if expect is not None and (
                         (out.shape != expect[0] or (out.dtype is not expect[1] and out.dtype != expect[1]))
-                        if type(out) is _ND else _wrong_result(out, expect)):
+                        if type(out) is _ND else wrong_result(out, expect)):
                     raise BackendError(
                         f"{impl.impl_id} returned {type(out).__name__} of shape {getattr(out, 'shape', None)} "
                         f"dtype {getattr(out, 'dtype', None)}; expected shape {expect[0]} dtype {expect[1]}")
@@ -435,7 +374,7 @@ class OpManager:
                 if api == "facade" and op in self.fast_fns:   # plain calls skip the resolver
                     f = self.fast_fns[op]
                     entry["native_entry"] = f"{getattr(f, '__module__', None) or ''}.{getattr(f, '__name__', f)}"
-                out[f"tex:{op}" if api == "tex" and _is_shared(op) else op] = entry
+                out[f"tex:{op}" if api == "tex" and is_shared(op) else op] = entry
             for impl in self.registry.all_impls():
                 fp = impl.plain_entry
                 n = fp.count() if fp is not None and impl.api == "facade" else 0
@@ -443,11 +382,6 @@ class OpManager:
                     calls = out.setdefault(impl.op_name, {"api": "facade", "calls": {}, "fallbacks": 0})["calls"]
                     calls[impl.impl_id] = calls.get(impl.impl_id, 0) + n
             for (op, api, impl_id), (n, reason) in self._failures.items():
-                name = f"tex:{op}" if api == "tex" and _is_shared(op) else op
+                name = f"tex:{op}" if api == "tex" and is_shared(op) else op
                 out.setdefault(name, {}).setdefault("failures", {})[impl_id] = {"count": n, "last_error": reason}
         return out
-
-
-def _is_shared(op: str) -> bool:
-    from ._ops import FACADE_OPS, TEX_OPS
-    return op in FACADE_OPS and op in TEX_OPS
