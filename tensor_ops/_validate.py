@@ -110,8 +110,53 @@ def check_vector(v, name: str, n: int, x, kx: str, dt):
     return contiguous(as_dtype(v, kv, dt, kx), kv)
 
 
-def check_out(out, kx: str, x, dt, shape: tuple):
-    """Validate ``out=``; return (view for the kernel or None, user out or None)."""
+def _extent(a, kind: str):
+    """(first byte, one past the last byte) that ``a`` can touch, or None when unknown."""
+    if kind == "torch":
+        if a.numel() == 0:
+            return None
+        size = a.element_size()
+        lo = hi = a.data_ptr()
+        for n, st in zip(a.shape, a.stride()):
+            (lo, hi) = (lo + (n - 1) * st * size, hi) if st < 0 else (lo, hi + (n - 1) * st * size)
+        return lo, hi + size
+    if kind == "cupy":
+        if a.size == 0:
+            return None
+        lo = hi = a.data.ptr
+        for n, st in zip(a.shape, a.strides):
+            (lo, hi) = (lo + (n - 1) * st, hi) if st < 0 else (lo, hi + (n - 1) * st)
+        return lo, hi + a.itemsize
+    return None
+
+
+def overlaps(out, kind: str, inputs) -> bool:
+    """Whether ``out`` may share memory with any of ``inputs`` (arrays or None).
+
+    A conservative answer (NumPy's bounds check; address ranges on devices; the same buffer
+    for pyopencl) only costs a temporary: the result is computed into a fresh array and
+    copied into ``out``, so in-place calls (``out=x``, ``out=weight``, …) give the same
+    numbers as separate buffers on every backend."""
+    arrays = [a for a in inputs if a is not None]
+    if kind == "numpy":
+        return any(isinstance(a, np.ndarray) and np.may_share_memory(out, a) for a in arrays)
+    if kind == "pyopencl":
+        return any(getattr(a, "base_data", None) is out.base_data for a in arrays)
+    ext = _extent(out, kind)
+    if ext is None:
+        return False
+    for a in arrays:
+        e = _extent(a, kind) if kind_of(a) == kind else None
+        if e is not None and e[0] < ext[1] and ext[0] < e[1]:
+            return True
+    return False
+
+
+def check_out(out, kx: str, x, dt, shape: tuple, inputs: tuple = ()):
+    """Validate ``out=``; return (view the kernel writes or None, the caller's out or None).
+
+    The kernel gets no view (it allocates, and the facade copies the result into ``out``)
+    when ``out`` is not C-contiguous or may share memory with ``x`` or any of ``inputs``."""
     if out is None:
         return None, None
     ko = _kind(out, "out")
@@ -124,17 +169,15 @@ def check_out(out, kx: str, x, dt, shape: tuple):
     if ko == "numpy":
         if not out.flags.writeable:
             raise ValueError("out is read-only: pass a writable array")
-        if np.may_share_memory(out, x):
-            raise ValueError("out overlaps x: pass a separate output array (in-place is not supported)")
         f = out.flags
-        if f.c_contiguous and f.aligned:
-            return out, out
-        return None, out
-    if ko == "torch":
-        if out.data_ptr() == x.data_ptr():
-            raise ValueError("out overlaps x: pass a separate output array (in-place is not supported)")
-        return (out if out.is_contiguous() else None), out
-    return (out if out.flags.c_contiguous else None), out
+        direct = f.c_contiguous and f.aligned
+    elif ko == "torch":
+        direct = out.is_contiguous()
+    else:
+        direct = out.flags.c_contiguous
+    if direct and overlaps(out, ko, (x, *inputs)):
+        direct = False
+    return (out if direct else None), out
 
 
 def rows_2d(a, n: int):

@@ -36,8 +36,10 @@ __all__ = ["SHAPES", "DTYPES", "TOLERANCES", "Case", "Report", "cases", "oracle"
 #: shape id -> shape; "strided" is a (3, 66) non-contiguous view of a (6, 132) array
 SHAPES = {
     "1x1": (1, 2), "1x4096": (1, 4096), "3x4097": (3, 4097), "5x17": (5, 17),
-    "2x3x64": (2, 3, 64), "4x8x130": (4, 8, 130), "empty": (0, 8), "empty_last": (2, 3, 0),
-    "strided": "strided",
+    "2x3x64": (2, 3, 64), "4x8x130": (4, 8, 130), "strided": "strided",
+    # empty arrays of every kind: no rows, a 1-D empty x, an empty last (feature) axis, an
+    # empty middle axis; each returns the empty result of the right shape and dtype
+    "empty": (0, 8), "empty_1d": (0,), "empty_last": (2, 3, 0), "empty_mid": (3, 0, 6), "empty_all": (3, 0, 0),
 }
 DTYPES = ("float32", "float16", "float64")
 

@@ -192,12 +192,6 @@ raises("out-readonly", "rms_norm", "read-only out", lambda b: to.rms_norm(X, W, 
        ValueError, "out is read-only", "out")
 raises("out-broadcast", "relu", "out a broadcast (read-only) view",
        lambda b: to.relu(X, out=np.broadcast_to(np.zeros(8, np.float32), (4, 8)), backend=b), ValueError, "out is read-only", "out")
-raises("out-is-x", "silu", "out is x (in place)", lambda b: _alias_same(b),
-       ValueError, "out overlaps x", "out")
-raises("out-overlap", "gelu", "out partially overlaps x", lambda b: _alias_partial(b),
-       ValueError, "out overlaps x", "out")
-raises("out-softmax-axis0", "softmax", "out is x, softmax over axis 0", lambda b: _alias_softmax(b),
-       ValueError, "out overlaps x", "out")
 raises("out-list", "relu", "out a Python list", lambda b: to.relu(X, out=[0.0] * 32, backend=b),
        TypeError, "out must be an array", "out")
 # ---- facade: mixed devices / kinds
@@ -268,6 +262,36 @@ def _out_aliases_bias(b):
     return to.layer_norm(X[:1], W, bias, out=bias.reshape(1, 8), backend=b)
 
 
+def _out_row0_is_weight(b):
+    """Several rows, out's first row is the weight: rows after the first must still see the
+    weight as it was (a kernel writing row 0 in place would corrupt them)."""
+    buf = np.zeros((4, 8), np.float32)
+    buf[0] = W
+    return to.rms_norm(X, buf[0], out=buf, backend=b)
+
+
+def _out_row0_is_bias(b):
+    buf = np.zeros((4, 8), np.float32)
+    buf[0] = B
+    return to.layer_norm(X, W, buf[0], out=buf, backend=b)
+
+
+def _out_row0_is_sin(b):
+    buf = np.zeros((4, 8), np.float32)
+    buf[:, :] = np.concatenate([SN, SN], -1)
+    return to.rope(X, np.concatenate([CS, CS], -1), buf, out=buf, backend=b)
+
+
+def _out_is_gate_half(b):
+    x = X.copy()
+    return to.swiglu(x, out=x[:, 4:], backend=b)
+
+
+def _out_is_matmul_a(b):
+    a = BIG[:8, 8:].copy()
+    return to.matmul(a, BIG[:8, :8].copy(), out=a, backend=b)
+
+
 def _cos_full():
     return np.concatenate([CS, CS], -1)
 
@@ -303,7 +327,15 @@ same("misaligned-w", "layer_norm", "weight and bias 1 byte off alignment",
      lambda b: to.layer_norm(X, _misaligned(W), _misaligned(B), backend=b), lambda: R.layer_norm(X, W, B))
 same("out-strided", "silu", "non-contiguous out (written through the view only)", _out_strided, lambda: R.silu(X))
 same("out-misaligned", "rms_norm", "misaligned out", _out_misaligned, lambda: R.rms_norm(X, W))
+same("out-is-x", "silu", "out is x (in place)", _alias_same, lambda: R.silu(X))
+same("out-overlap", "gelu", "out partially overlaps x", _alias_partial, lambda: R.gelu(BIG[:, :8]))
+same("out-softmax-axis0", "softmax", "out is x, softmax over axis 0", _alias_softmax, lambda: R.softmax(X, axis=0))
 same("out-aliases-weight", "rms_norm", "out aliases weight (one row)", _out_aliases_weight, lambda: R.rms_norm(X[:1], W))
+same("out-row0-weight", "rms_norm", "out's first row is weight (4 rows)", _out_row0_is_weight, lambda: R.rms_norm(X, W))
+same("out-row0-bias", "layer_norm", "out's first row is bias (4 rows)", _out_row0_is_bias, lambda: R.layer_norm(X, W, B))
+same("out-is-sin", "rope", "out is the (T, n) sin table", _out_row0_is_sin, lambda: R.rope(X, CS, SN))
+same("out-is-gate", "swiglu", "gated out is x's second half (the gate)", _out_is_gate_half, lambda: R.swiglu(X))
+same("out-is-matmul-a", "matmul", "matmul out is a", _out_is_matmul_a, lambda: R.matmul(BIG[:8, 8:], BIG[:8, :8]))
 same("out-aliases-bias", "layer_norm", "out aliases bias (one row)", _out_aliases_bias,
      lambda: R.layer_norm(X[:1], W, B))
 same("out-aliases-cos", "rope", "out aliases cos (HF-style (T, n) angles)", _out_aliases_cos,

@@ -75,7 +75,7 @@ _S = {
     "layout": st.sampled_from(LAYOUTS), "dist": st.sampled_from(["normal", "uniform", "ints", "const", "spread"]),
     "offset": st.sampled_from([0.0, 0.0, 0.5, -3.0]), "seed": st.integers(0, 2**16),
     "specials": st.lists(st.tuples(st.integers(0, 100), st.sampled_from(SPECIALS)), max_size=3),
-    "out": st.sampled_from(["none", "none", "contig", "strided"]), "mode": st.sampled_from(["keyword", "policy"]),
+    "out": st.sampled_from(["none", "none", "contig", "strided", "alias"]), "mode": st.sampled_from(["keyword", "policy"]),
     "eps": st.sampled_from([1e-6, 1e-5, 0.0, 1e-2, 1.0]), "k": st.sampled_from([1, 3, 8, 17, 64]),
     **{f"log10_{d}": st.integers(-6 if d == "float16" else -30, int(SAFE_LOG10[d])) for d in DTYPES},
 }
@@ -354,10 +354,44 @@ class _Policy:
         return False
 
 
+def _aliased(p, x, args):
+    """(x, args, out) where ``out`` shares memory with one input (chosen by the seed): x
+    itself, a gated op's second half, the weight or bias (out's first row), rope's (T, n)
+    sin table, matmul's a. The input keeps its values (copied into out's buffer first), so
+    the oracle built from the originals still applies. None when the op has no such input."""
+    op, shape = facade_op(p["op"]), _out_shape(p, x)
+    arrays = [i for i, a in enumerate(args) if isinstance(a, np.ndarray)]
+    targets = ["x"] if shape == x.shape or op in ("swiglu", "geglu") else []
+    if op in ("rms_norm", "layer_norm") and x.size:
+        targets += [f"arg{i}" for i in arrays]
+    if op == "rope" and args[1].shape == x.shape[-2:] and x.size:
+        targets += ["arg1"]
+    if not targets:
+        return None
+    which = targets[p["seed"] % len(targets)]
+    args = list(args)
+    if which == "x":
+        buf = np.array(x, copy=True)
+        if op in ("swiglu", "geglu"):
+            h = x.shape[-1] // 2
+            return buf, tuple(args), (buf[..., h:] if p["seed"] % 4 < 2 else buf[..., :h])
+        return buf, tuple(args), buf
+    i = int(which[3:])
+    buf = np.empty(shape, x.dtype)
+    n = args[i].shape[-1]
+    view = buf.reshape(-1, *args[i].shape)[0] if args[i].ndim == 2 else buf.reshape(-1, n)[0]
+    view[...] = args[i]
+    args[i] = view
+    return x, tuple(args), buf
+
+
 def _call(p, backend, x, args, kw):
     f = facade_fn(p["op"])
     out, big = _make_out(p, x)
-    snap = [np.array(a, copy=True) for a in (x, *args) if isinstance(a, np.ndarray)]
+    aliased = _aliased(p, x, args) if p["out"] == "alias" else None
+    if aliased is not None:
+        x, args, out = aliased
+    snap = [np.array(a, copy=True) for a in (x, *args) if isinstance(a, np.ndarray) and aliased is None]
     if p["mode"] == "policy":
         with _Policy(backend):
             plain = np.ascontiguousarray(x[..., :2, :]) if x.ndim >= 2 else x

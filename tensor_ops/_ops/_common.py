@@ -16,16 +16,20 @@ def f64(a):
     return np.asarray(a, dtype=np.float64)
 
 
-def rows(x, kx: str, dt, extra: tuple, out, out_width: int | None = None) -> Prepared:
+def rows(x, kx: str, dt, extra: tuple, out, out_width: int | None = None, inputs: tuple = ()) -> Prepared:
     """The common preparation of a row-wise op: ``x`` viewed as (rows, n) C-contiguous, the
     result (rows, out_width), ``out=`` checked; kernel args ``(x2, *extra, out2)``.
+
+    ``inputs`` are the caller's other arrays (weight, bias, cos, sin): an ``out`` that may
+    share memory with x or any of them is written through a temporary (CONTRIBUTING.md,
+    "out= and aliasing").
 
     An empty ``x`` (any axis 0) gives ``args=None``: the facade returns the empty result
     without dispatching (the same on every backend)."""
     n = x.shape[-1]
     w = n if out_width is None else out_width
     shape = tuple(x.shape[:-1]) + (w,)
-    kern_out, user_out = check_out(out, kx, x, dt, shape)
+    kern_out, user_out = check_out(out, kx, x, dt, shape, inputs)
     if 0 in tuple(x.shape) or 0 in shape:
         return Prepared(None, kx, x, dt, shape, None, user_out, kern_out, 0)
     x2 = rows_2d(contiguous(x, kx), n)

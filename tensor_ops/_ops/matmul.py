@@ -35,7 +35,7 @@ def _prepare(a, b, out):
     except ValueError:
         raise ValueError(f"matmul: batch dims of a.shape {tuple(a.shape)} and b.shape {tuple(b.shape)} "
                          f"do not broadcast") from None
-    kern_out, user_out = check_out(out, ka, a, dt, shape)
+    kern_out, user_out = check_out(out, ka, a, dt, shape, (b,))
     if da != dt:
         a = a.astype(dt)
     if db != dt:

@@ -33,7 +33,7 @@ def _prepare_rms(x, weight, eps, out):
     kx, dt = check_x(x)
     n = x.shape[-1]
     w = check_vector(weight, "weight", n, x, kx, dt)
-    return rows(x, kx, dt, (w, check_eps(eps)), out)
+    return rows(x, kx, dt, (w, check_eps(eps)), out, inputs=(weight,))
 
 
 def _oracle_rms(x, weight, eps=1e-6):
@@ -65,7 +65,7 @@ def _prepare_ln(x, weight, bias, eps, out):
     n = x.shape[-1]
     w = check_vector(weight, "weight", n, x, kx, dt)
     b = None if bias is None else check_vector(bias, "bias", n, x, kx, dt)
-    return rows(x, kx, dt, (w, b, check_eps(eps)), out)
+    return rows(x, kx, dt, (w, b, check_eps(eps)), out, inputs=(weight, bias))
 
 
 def _oracle_ln(x, weight, bias=None, eps=1e-5):

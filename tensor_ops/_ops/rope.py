@@ -64,7 +64,7 @@ def _prepare(x, cos, sin, interleaved, out):
     s = _angles(sin, "sin", kx, x, t, n, interleaved, work)
     if tuple(cos.shape) != tuple(sin.shape):
         raise ValueError(f"cos and sin must have the same shape, got {tuple(cos.shape)} and {tuple(sin.shape)}")
-    return rows(x, kx, dt, (c, s, bool(interleaved)), out)
+    return rows(x, kx, dt, (c, s, bool(interleaved)), out, inputs=(cos, sin))
 
 
 def _full(a, n, interleaved):
