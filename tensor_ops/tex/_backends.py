@@ -11,9 +11,9 @@ from __future__ import annotations
 import abc
 import contextlib
 import contextvars
-import os
 from typing import Optional
 
+from tensor_ops import _env
 from tensor_ops._ops import TEX_OPS
 
 __all__ = ["TEXBackendBase", "register_backend", "unregister_backend", "list_backends", "set_backend",
@@ -242,11 +242,7 @@ def use_backend(name: Optional[str]):
 
 
 def _env_name() -> Optional[str]:
-    for var in ("TE_BACKEND", "TE_PLUGIN"):
-        v = os.environ.get(var, "").strip()
-        if v:
-            return v
-    return None
+    return _env.get("TE_BACKEND")      # then its alias TE_PLUGIN
 
 
 def current_override() -> Optional[str]:
