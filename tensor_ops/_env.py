@@ -5,7 +5,7 @@ Why one registry: the variables used to be read in a dozen modules (and C++), ea
 own spelling of "true", its own error text and its own idea of the alias order, and the
 table in BACKEND_CONFIG.md drifted from the code (the build switches were missing). Now a
 reader asks this module (:func:`get`, :func:`lookup`, :func:`raw`, :func:`enabled`), the
-documentation table is generated from :data:`VARS` (``python -m tensor_ops._env
+documentation table is generated from :data:`VARS` (``python tensor_ops/_env.py
 --write-docs``), and ``tests/test_env.py`` fails when a ``TENSOR_OPS_*``/``TE_*`` name in the
 source tree is not declared here or the table is stale.
 
@@ -322,7 +322,10 @@ def write_docs(doc: Path = DOCS) -> bool:
 
 
 def main(argv: Optional[list] = None) -> int:
-    """``python -m tensor_ops._env [--write-docs | --check-docs]`` (no option: print the table)."""
+    """``python tensor_ops/_env.py [--write-docs | --check-docs]`` (no option: print the table).
+
+    Run by path: it needs nothing but the standard library (``python -m tensor_ops._env``
+    works too, with runpy's warning that the package imported this module first)."""
     args = sys.argv[1:] if argv is None else argv
     if args == ["--write-docs"]:
         print(f"{DOCS}: {'table rewritten' if write_docs() else 'already up to date'}")
@@ -330,7 +333,7 @@ def main(argv: Optional[list] = None) -> int:
     if args == ["--check-docs"]:
         stale = docs_region(DOCS.read_text(encoding="utf-8")) != render_table()
         if stale:
-            print(f"{DOCS}: the environment table is stale; run `python -m tensor_ops._env --write-docs`",
+            print(f"{DOCS}: the environment table is stale; run `python tensor_ops/_env.py --write-docs`",
                   file=sys.stderr)
         return int(stale)
     if args:
