@@ -1,24 +1,23 @@
-"""backend.json: locate, load, validate, write (atomically).
+"""backend.json: validate, load, write (atomically).
 
 One validating function (:func:`validate_config`) is the only way a configuration enters the
 process; every error names the file and the key, shows the bad value and lists what is
-accepted. Writing goes through ``_build/record.atomic_write_json`` (temp file + rename), so a
-failed or concurrent write never leaves a torn file.
+accepted. Where the file is, how it is read and how it is written (temp file + rename, so a
+failed or concurrent write never leaves a torn file) is ``_build/jsonfile.py``, shared with
+the setup.py commands so the two can never disagree about the location.
 """
 from __future__ import annotations
 
-import json
-import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable, Optional
 
-from ._build.record import atomic_write_json
+from ._build import jsonfile
+from ._build.jsonfile import SCHEMA_VERSION, user_config_path, write_target  # noqa: F401 (API)
+from ._build.jsonfile import locate as locate_config
 from ._errors import ConfigError
 from ._ops import ALL_BUILTIN_NAMES, KNOWN_OPS
 
-SCHEMA_VERSION = 1
-PROJECT_ROOT = Path(__file__).resolve().parent.parent
 KIND_TOKENS = ("default", "flagos", "vendor", "reference")
 KEYS = (
     "schema_version", "priority", "force", "strict", "per_op", "disabled", "allow_vendors",
@@ -43,40 +42,6 @@ class FileConfig:
     detected: dict = field(default_factory=dict)
     built: dict = field(default_factory=dict)
     raw: dict = field(default_factory=dict)
-
-
-def user_config_path() -> Path:
-    """The per-user location (platformdirs), used when no project file exists."""
-    try:
-        from platformdirs import user_config_dir
-        base = Path(user_config_dir("tensor_ops", appauthor=False))
-    except ImportError:  # platformdirs is a dependency; keep import-time robustness anyway
-        base = Path(os.environ.get("XDG_CONFIG_HOME", Path.home() / ".config")) / "tensor_ops"
-    return base / "backend.json"
-
-
-def locate_config(environ=os.environ) -> tuple[Optional[Path], str]:
-    """Where the configuration comes from: env path, project file, user file, or defaults."""
-    env = environ.get("TENSOR_OPS_CONFIG")
-    if env:
-        return Path(env), "TENSOR_OPS_CONFIG"
-    project = PROJECT_ROOT / "backend.json"
-    if project.is_file() and (PROJECT_ROOT / "setup.py").is_file():
-        return project, "project"
-    user = user_config_path()
-    if user.is_file():
-        return user, "user"
-    return None, "defaults"
-
-
-def write_target(environ=os.environ) -> Path:
-    """Where commands write: the located file, else the project's (source checkout), else the user's."""
-    path, _ = locate_config(environ)
-    if path is not None:
-        return path
-    if (PROJECT_ROOT / "setup.py").is_file():
-        return PROJECT_ROOT / "backend.json"
-    return user_config_path()
 
 
 # -- token validation -------------------------------------------------------------------
@@ -250,45 +215,24 @@ def validate_config(data: Any, source: str = "backend.json", extra_names: Iterab
     return cfg
 
 
-def load_config(environ=os.environ, extra_names: Iterable[str] = ()) -> FileConfig:
+def load_config(environ=None, extra_names: Iterable[str] = ()) -> FileConfig:
     """Locate and validate the configuration file (defaults if there is none)."""
     path, location = locate_config(environ)
     if path is None:
         return FileConfig(location="defaults")
-    try:
-        text = path.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        if location == "TENSOR_OPS_CONFIG":
-            # An explicit path that does not exist yet means "empty config here".
-            return FileConfig(path=path, location=location)
-        raise ConfigError(f"{path}: disappeared while loading; run again") from None
-    except OSError as exc:
-        raise ConfigError(f"{path}: cannot be read ({exc.strerror}); fix its permissions or set "
-                          f"TENSOR_OPS_CONFIG to another file") from None
-    try:
-        data = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise ConfigError(f"{path}: not valid JSON ({exc.msg}: line {exc.lineno} column {exc.colno}); "
-                          f"fix it or run `python setup.py configure_backend --reset`") from None
+    # An explicit path that does not exist yet means "empty config here"; a located project or
+    # user file that vanished was replaced non-atomically under us.
+    data = jsonfile.read(path, missing_ok=location == "TENSOR_OPS_CONFIG", error=ConfigError)
+    if data is None:
+        return FileConfig(path=path, location=location)
     cfg = validate_config(data, str(path), extra_names)
     cfg.path, cfg.location = path, location
     return cfg
 
 
 def read_raw(path: Path) -> dict:
-    """The file's JSON object for editing (missing → a fresh one)."""
-    try:
-        text = Path(path).read_text(encoding="utf-8")
-    except FileNotFoundError:
-        return {"schema_version": SCHEMA_VERSION}
-    try:
-        data = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise ConfigError(f"{path}: not valid JSON ({exc.msg}: line {exc.lineno} column {exc.colno}); "
-                          f"fix it or use --reset") from None
-    if not isinstance(data, dict):
-        raise ConfigError(f"{path}: top level must be a JSON object")
-    return data
+    """The file's JSON object for editing (missing → a fresh one); ConfigError when unreadable."""
+    return jsonfile.read_document(path, error=ConfigError)
 
 
 def write_config(data: dict, path: Path, extra_names: Iterable[str] = ()) -> FileConfig:
@@ -296,6 +240,6 @@ def write_config(data: dict, path: Path, extra_names: Iterable[str] = ()) -> Fil
     data = dict(data)
     data.setdefault("schema_version", SCHEMA_VERSION)
     cfg = validate_config(data, str(path), extra_names)
-    atomic_write_json(Path(path), data)
+    jsonfile.atomic_write(Path(path), data)
     cfg.path = Path(path)
     return cfg

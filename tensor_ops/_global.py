@@ -13,10 +13,10 @@ import os
 import threading
 from typing import Iterator, Optional
 
-from . import _state
+from . import _env, _state
 from ._manager import OpManager
 from ._ops import BUILTIN_BACKENDS, FACADE_OPS as _FACADE_NAMES
-from ._policy import ENV_PLUGINS, _first, build_settings
+from ._policy import build_settings
 from ._registry import OpRegistry
 
 log = logging.getLogger("tensor_ops")
@@ -28,6 +28,16 @@ _builtins: dict = {}
 _plugins: list = []
 _loaded_plugin_names: set = set()
 _handler: Optional[logging.Handler] = None
+_building_thread: Optional[int] = None   # the thread inside _init(), while it runs
+
+
+def building() -> bool:
+    """True on the thread that is building the global registry and manager right now.
+
+    A plugin loaded during that build may import ``tensor_ops.tex``, which must then not ask
+    for the manager (it would re-enter the build); tex registers on its first call instead.
+    """
+    return _building_thread == threading.get_ident()
 
 
 def manager() -> OpManager:
@@ -60,8 +70,8 @@ def _apply_logging(settings) -> None:
 
 def _load_env_plugins(registry, first_time: bool) -> None:
     from ._plugins import load_plugins
-    v, var = _first(os.environ, ENV_PLUGINS)
-    mods = [(m.strip(), f"env {var}") for m in (v or "").split(",") if m.strip()]
+    mods, var = _env.lookup("TENSOR_OPS_PLUGINS")
+    mods = [(m, f"env {var}") for m in mods or ()]
     fresh = [(m, src) for m, src in mods if m not in _loaded_plugin_names]
     records = load_plugins(registry, fresh, entry_points=first_time)
     for r in records:
@@ -82,22 +92,32 @@ def _gpu_device_ids(name: str) -> Optional[list]:
 
 
 def _init() -> OpManager:
-    global _registry, _manager
+    global _building_thread
     with _lock:
         if _manager is not None:
             return _manager
-        from .backends import register_builtins
-        registry = OpRegistry(strict_names=True)
-        _builtins.update(register_builtins(registry))
-        _registry = registry
-        _load_env_plugins(registry, True)
-        settings = build_settings(os.environ, registry.backends())
-        settings.gpu_probe = _gpu_device_ids
-        _apply_logging(settings)
-        m = OpManager(registry, settings)
-        m.fast_fns = _state.fast_fns  # the facade's native fast path reads this dict
-        _manager = m
-        return _manager
+        _building_thread = threading.get_ident()
+        try:
+            return _build()
+        finally:
+            _building_thread = None
+
+
+def _build() -> OpManager:
+    """Register the built-ins and plugins, read the settings, make the manager (under _lock)."""
+    global _registry, _manager
+    from .backends import register_builtins
+    registry = OpRegistry(strict_names=True)
+    _builtins.update(register_builtins(registry))
+    _registry = registry
+    _load_env_plugins(registry, True)
+    settings = build_settings(os.environ, registry.backends())
+    settings.gpu_probe = _gpu_device_ids
+    _apply_logging(settings)
+    m = OpManager(registry, settings)
+    m.fast_fns = _state.fast_fns  # the facade's native fast path reads this dict
+    _manager = m
+    return _manager
 
 
 def reload_config() -> None:

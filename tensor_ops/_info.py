@@ -1,12 +1,11 @@
 """get_backend_info(): why each op runs where it runs, as a dict and as a readable table."""
 from __future__ import annotations
 
-import os
 from typing import Any
 
-from . import _global, _version
+from . import _env, _global, _version
 from ._errors import ConfigError
-from ._policy import ALL_ENV, DEFAULT_ORDER
+from ._policy import DEFAULT_ORDER
 
 
 def _backend_info(name: str, mod: Any, m) -> dict:
@@ -38,7 +37,7 @@ def get_backend_info() -> dict:
     ``vendors`` (non-built-in impls); ``ops`` (order, selected impl, calls, fallbacks,
     source, and ``native_entry`` when plain calls go straight to a native entry, see
     CONTRIBUTING.md "The fast path for plain calls"); ``plugins`` (loaded/failed with reasons); ``tuning`` status; ``env`` (the
-    TENSOR_OPS_* / TE_* variables set).
+    project's variables that are set: every TENSOR_OPS_* / TE_* name declared in ``_env.py``).
 
     Example:
         >>> import tensor_ops as to
@@ -46,7 +45,7 @@ def get_backend_info() -> dict:
         ['cpp', 'cuda', 'numpy', 'opencl']
     """
     info: dict = {"version": _version.__version__,
-                  "env": {k: os.environ[k] for k in ALL_ENV if k in os.environ}}
+                  "env": _env.set_in()}
     try:
         m = _global.manager()
     except ConfigError as exc:

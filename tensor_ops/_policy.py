@@ -6,7 +6,8 @@ call keyword ``backend=`` → ``use_backend()`` → ``set_backend()`` → enviro
 priority) → built-in default ``cuda, opencl, cpp, numpy``.
 
 Everything here is computed once per :func:`reload`, so the per-call path only does dict
-look-ups. TE / TE-FL variable names are accepted as aliases with their documented meaning.
+look-ups. Variables are declared (with their TE / TE-FL aliases, parsers and meaning) in
+``_env.py``; this module only layers them over the file.
 """
 from __future__ import annotations
 
@@ -18,7 +19,7 @@ import warnings
 from dataclasses import dataclass, field
 from typing import Callable, Iterable, Optional
 
-from . import _version
+from . import _env, _version
 from ._config import FileConfig, check_op, check_token, known_names, load_config, parse_order
 from ._errors import ConfigError
 from ._ops import BUILTIN_BACKENDS
@@ -27,42 +28,19 @@ log = logging.getLogger("tensor_ops")
 
 DEFAULT_ORDER = list(BUILTIN_BACKENDS)
 
-# (variable, canonical setting) — first set wins within one setting.
-ENV_FORCE = ("TENSOR_OPS_BACKEND",)
-# TE_BACKEND / TE_PLUGIN keep their documented TE-FL meaning — force a backend for the tex
-# ops only — and are read by tensor_ops.tex, which knows the tex backend names.
-ENV_PRIORITY = ("TENSOR_OPS_PRIORITY",)
-ENV_PER_OP = ("TENSOR_OPS_PER_OP", "TE_FL_PER_OP")
-ENV_STRICT = ("TENSOR_OPS_STRICT", "TE_FL_STRICT")
-ENV_DISABLE = ("TENSOR_OPS_DISABLE",)
-ENV_PLUGINS = ("TENSOR_OPS_PLUGINS", "TE_FL_PLUGIN_MODULES")
-ENV_LOG = ("TENSOR_OPS_LOG_LEVEL", "TEFL_LOG_LEVEL")
-ENV_ALLOW = ("TENSOR_OPS_ALLOW_VENDORS", "TE_FL_ALLOW_VENDORS")
-ENV_DENY = ("TENSOR_OPS_DENY_VENDORS", "TE_FL_DENY_VENDORS")
-ENV_FALLBACK = ("TENSOR_OPS_FALLBACK_BACKEND", "TE_FALLBACK_BACKEND")
-ALL_ENV = (ENV_FORCE + ENV_PRIORITY + ENV_PER_OP + ENV_STRICT + ENV_DISABLE + ENV_PLUGINS + ENV_LOG
-           + ENV_ALLOW + ENV_DENY + ENV_FALLBACK
-           + ("TENSOR_OPS_CONFIG", "TE_BACKEND", "TE_PLUGIN", "TE_FL_PREFER", "TE_FL_PREFER_VENDOR", "TE_FL_DEBUG", "TE_FL_SKIP_CUDA"))
-
-_TRUE = ("1", "true", "yes", "on")
-_FALSE = ("0", "false", "no", "off", "")
+#: Every variable (aliases included) that changes the resolver's or tex's selection: what
+#: get_backend_info()["env"] used to list, and what tests clear for a clean resolver.
+ALL_ENV = _env.names(("runtime", "tex"))
 
 
-def _first(environ, names) -> tuple[Optional[str], Optional[str]]:
-    for n in names:
-        v = environ.get(n)
-        if v is not None and v.strip() != "":
-            return v.strip(), n
-    return None, None
+def _setting(name: str, environ) -> tuple[Optional[str], Optional[str]]:
+    """(raw value, variable) of a setting whose parsing needs the backend names."""
+    return _env.raw(name, environ)
 
 
-def env_bool(value: str, var: str) -> bool:
-    v = value.strip().lower()
-    if v in _TRUE:
-        return True
-    if v in _FALSE:
-        return False
-    raise ConfigError(f"environment variable {var}={value!r}: expected one of {list(_TRUE + _FALSE[:-1])}")
+def _typed(name: str, environ):
+    """(parsed value, variable) of a self-contained setting; ConfigError naming it if invalid."""
+    return _env.lookup(name, environ, error=ConfigError)
 
 
 def parse_per_op(value: str, var: str, names) -> dict:
@@ -223,80 +201,71 @@ def build_settings(environ=os.environ, extra_names: Iterable[str] = ()) -> Setti
     file = load_config(environ, names)
     s = Settings(file=file, names=names)
 
-    v, var = _first(environ, ENV_FORCE)
+    v, var = _setting("TENSOR_OPS_BACKEND", environ)
     if v:
         toks = parse_order(v, f"environment variable {var}", names)
         if len(toks) == 1:
             s.force, s.force_source = toks[0], f"env {var}"
         else:
             s.env_priority, s.env_priority_source = toks, f"env {var}"
-    v, var = _first(environ, ENV_PER_OP)
+    v, var = _setting("TENSOR_OPS_PER_OP", environ)
     if v:
         s.env_per_op, s.env_per_op_source = parse_per_op(v, var, names), f"env {var}"
-    v, var = _first(environ, ENV_PRIORITY)
+    v, var = _setting("TENSOR_OPS_PRIORITY", environ)
     if v:
         s.env_priority, s.env_priority_source = parse_order(v, f"environment variable {var}", names), f"env {var}"
     if s.env_priority is None:
-        pref = environ.get("TE_FL_PREFER", "").strip()
-        if pref:
-            tok = {"flagos": "default", "default": "default", "vendor": "vendor",
-                   "reference": "reference"}.get(pref.lower())
-            if tok is None:
-                raise ConfigError(f"environment variable TE_FL_PREFER={pref!r}: expected one of "
-                                  f"['flagos', 'reference', 'vendor']")
-            s.env_priority, s.env_priority_source = [tok], "env TE_FL_PREFER"
-        elif environ.get("TE_FL_PREFER_VENDOR", "").strip():
-            if env_bool(environ["TE_FL_PREFER_VENDOR"], "TE_FL_PREFER_VENDOR"):
-                s.env_priority, s.env_priority_source = ["vendor"], "env TE_FL_PREFER_VENDOR"
+        pref, var = _typed("TE_FL_PREFER", environ)
+        if var:
+            s.env_priority, s.env_priority_source = ["default" if pref == "flagos" else pref], f"env {var}"
+        else:
+            vendor, var = _typed("TE_FL_PREFER_VENDOR", environ)
+            if vendor:
+                s.env_priority, s.env_priority_source = ["vendor"], f"env {var}"
 
-    v, var = _first(environ, ENV_STRICT)
-    if v is not None:
-        s.strict, s.strict_source = env_bool(v, var), f"env {var}"
+    strict, var = _typed("TENSOR_OPS_STRICT", environ)
+    if var:
+        s.strict, s.strict_source = strict, f"env {var}"
     elif file.strict is not None:
         s.strict, s.strict_source = file.strict, "backend.json 'strict'"
 
     for name in file.disabled:
         s.disabled[name] = "backend.json 'disabled'"
-    v, var = _first(environ, ENV_DISABLE)
+    v, var = _setting("TENSOR_OPS_DISABLE", environ)
     if v:
         for name in [p.strip().lower() for p in v.split(",") if p.strip()]:
             if name not in names:
                 raise ConfigError(f"environment variable {var}: unknown backend {name!r}; accepted: {names}")
             s.disabled[name] = f"env {var}"
-    if environ.get("TE_FL_SKIP_CUDA", "").strip() and env_bool(environ["TE_FL_SKIP_CUDA"], "TE_FL_SKIP_CUDA"):
-        s.disabled["cuda"] = "env TE_FL_SKIP_CUDA"
-        s.disabled["nvidia"] = "env TE_FL_SKIP_CUDA"
+    skip, var = _typed("TE_FL_SKIP_CUDA", environ)
+    if skip:
+        s.disabled["cuda"] = s.disabled["nvidia"] = f"env {var}"
 
-    v, var = _first(environ, ENV_ALLOW)
-    if v:
-        s.allow_vendors, s.allow_source = [p.strip().lower() for p in v.split(",") if p.strip()], f"env {var}"
+    allow, var = _typed("TENSOR_OPS_ALLOW_VENDORS", environ)
+    if var:
+        s.allow_vendors, s.allow_source = allow, f"env {var}"
     elif file.allow_vendors is not None:
         s.allow_vendors, s.allow_source = file.allow_vendors, "backend.json 'allow_vendors'"
     s.deny_vendors = list(file.deny_vendors)
     if file.deny_vendors:
         s.deny_source = "backend.json 'deny_vendors'"
-    v, var = _first(environ, ENV_DENY)
-    if v:
-        s.deny_vendors += [p.strip().lower() for p in v.split(",") if p.strip()]
+    deny, var = _typed("TENSOR_OPS_DENY_VENDORS", environ)
+    if var:
+        s.deny_vendors += deny
         s.deny_source = f"env {var}" + (" + backend.json" if file.deny_vendors else "")
 
-    v, var = _first(environ, ENV_FALLBACK)
+    v, var = _setting("TENSOR_OPS_FALLBACK_BACKEND", environ)
     if v:
         s.fallback, s.fallback_source = parse_order(v, f"environment variable {var}", names), f"env {var}"
 
-    v, var = _first(environ, ENV_PLUGINS)
-    if v:
-        s.plugins = [(m.strip(), f"env {var}") for m in v.split(",") if m.strip()]
+    plugins, var = _typed("TENSOR_OPS_PLUGINS", environ)
+    s.plugins = [(m, f"env {var}") for m in plugins or ()]
 
-    v, var = _first(environ, ENV_LOG)
-    if environ.get("TE_FL_DEBUG", "").strip() and env_bool(environ["TE_FL_DEBUG"], "TE_FL_DEBUG"):
-        s.log_level, s.log_source = "DEBUG", "env TE_FL_DEBUG"
-    elif v:
-        lvl = v.upper()
-        if lvl not in ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"):
-            raise ConfigError(f"environment variable {var}={v!r}: expected one of "
-                              f"['CRITICAL', 'DEBUG', 'ERROR', 'INFO', 'WARNING']")
-        s.log_level, s.log_source = lvl, f"env {var}"
+    debug, var = _typed("TE_FL_DEBUG", environ)
+    if not debug:   # TE_FL_DEBUG=1 wins, and then the level variable is not even parsed
+        level, var = _typed("TENSOR_OPS_LOG_LEVEL", environ)
+    if debug or var:
+        s.log_level, s.log_source = ("DEBUG" if debug else level), f"env {var}"
 
     tuning = file.tuning
     if tuning:

@@ -37,7 +37,7 @@ if str(ROOT) not in sys.path:
 
 import tensor_ops as to  # noqa: E402
 from tensor_ops import BackendFallbackWarning  # noqa: E402
-from tensor_ops._build.record import atomic_write_json  # noqa: E402
+from tensor_ops._build.jsonfile import atomic_write as atomic_write_json  # noqa: E402
 
 from tensor_ops._ops import FACADE_OPS  # noqa: E402
 

@@ -11,7 +11,7 @@ import pytest
 
 import tensor_ops as to
 from tensor_ops import _config
-from tensor_ops._build import record
+from tensor_ops._build import jsonfile
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -58,17 +58,29 @@ def test_unreadable_config_is_a_clear_error(isolated_config):
 
 
 def test_location_precedence(monkeypatch, tmp_path):
+    """$TENSOR_OPS_CONFIG → the project file (source checkout) → the user file → defaults;
+    commands write to the located file, else the project's (checkout), else the user's. One
+    rule for the runtime and the setup.py commands (jsonfile)."""
+    assert jsonfile.PROJECT_ROOT == ROOT and _config.locate_config is jsonfile.locate
+    proj, user = tmp_path / "proj", tmp_path / "user" / "backend.json"
+    proj.mkdir()
+    monkeypatch.setattr(jsonfile, "PROJECT_ROOT", proj)
+    monkeypatch.setattr(jsonfile, "user_config_path", lambda: user)
     monkeypatch.setenv("TENSOR_OPS_CONFIG", str(tmp_path / "x.json"))
-    assert _config.locate_config()[1] == "TENSOR_OPS_CONFIG"
+    assert _config.locate_config() == (tmp_path / "x.json", "TENSOR_OPS_CONFIG")
+    assert _config.write_target() == tmp_path / "x.json"
     monkeypatch.delenv("TENSOR_OPS_CONFIG")
-    path, where = _config.locate_config()
-    assert where == "project" and path == ROOT / "backend.json"
-    monkeypatch.setattr(_config, "PROJECT_ROOT", tmp_path / "nowhere")
-    monkeypatch.setattr(_config, "user_config_path", lambda: tmp_path / "user" / "backend.json")
-    assert _config.locate_config() == (None, "defaults")
-    (tmp_path / "user").mkdir()
-    (tmp_path / "user" / "backend.json").write_text("{}")
-    assert _config.locate_config()[1] == "user"
+    assert _config.locate_config() == (None, "defaults")       # no checkout, no user file
+    assert _config.write_target() == user
+    (proj / "setup.py").write_text("")
+    assert _config.write_target() == proj / "backend.json"     # a checkout writes its own file
+    user.parent.mkdir()
+    user.write_text("{}")
+    assert _config.locate_config() == (user, "user")
+    assert _config.write_target() == user                       # ... unless the user's is in use
+    (proj / "backend.json").write_text("{}")
+    assert _config.locate_config() == (proj / "backend.json", "project")
+    assert jsonfile.write_target() == proj / "backend.json"
 
 
 def test_atomic_write_leaves_old_file_on_failure(isolated_config, monkeypatch):
@@ -80,7 +92,7 @@ def test_atomic_write_leaves_old_file_on_failure(isolated_config, monkeypatch):
 
     monkeypatch.setattr(os, "replace", boom)
     with pytest.raises(OSError):
-        record.atomic_write_json(isolated_config, {"schema_version": 1, "priority": ["cpp"]})
+        jsonfile.atomic_write(isolated_config, {"schema_version": 1, "priority": ["cpp"]})
     assert isolated_config.read_text() == before
     assert [p.name for p in isolated_config.parent.iterdir()] == ["backend.json"]   # no temp left
 
@@ -139,7 +151,7 @@ def test_configure_backend_reset_repairs_corrupt_file(tmp_path):
 def test_record_keeps_user_settings(tmp_path):
     cfg = tmp_path / "b.json"
     cfg.write_text('{"schema_version": 1, "per_op": {"softmax": ["numpy"]}}')
-    record.update_section("built", "cpp", {"ok": True}, cfg)
+    jsonfile.update_section("built", "cpp", {"ok": True}, cfg)
     data = json.loads(cfg.read_text())
     assert data["per_op"] == {"softmax": ["numpy"]} and data["built"]["cpp"] == {"ok": True}
 

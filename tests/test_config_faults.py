@@ -17,7 +17,7 @@ import pytest
 
 import tensor_ops as to
 from tensor_ops import ConfigError, _config
-from tensor_ops._build.record import atomic_write_json
+from tensor_ops._build.jsonfile import atomic_write as atomic_write_json
 
 ROOT = Path(__file__).resolve().parent.parent
 X = np.ones((2, 8), np.float32)

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from tensor_ops import _config
-from tensor_ops._build import cpp_build, record
+from tensor_ops._build import cpp_build, jsonfile
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -80,7 +80,7 @@ def test_extensions_imports_and_records_nothing(monkeypatch, tmp_path):
 def test_failed_rebuild_keeps_the_record_of_a_working_build(monkeypatch, tmp_path):
     cfg = tmp_path / "backend.json"
     monkeypatch.setenv("TENSOR_OPS_CONFIG", str(cfg))
-    record.update_section("built", "cpp", {"ok": True, "variants": ["scalar", "avx2"]}, cfg)
+    jsonfile.update_section("built", "cpp", {"ok": True, "variants": ["scalar", "avx2"]}, cfg)
     monkeypatch.setattr(cpp_build, "_importable_build", lambda: "/x/tensor_ops/_cpp.so")
     cpp_build._record_failure("RuntimeError: pybind11 is not importable")
     built = json.loads(cfg.read_text())["built"]["cpp"]

@@ -5,6 +5,7 @@ reports *why* something is missing rather than raising.
 """
 from __future__ import annotations
 
+import importlib.util
 import os
 import platform
 import shutil
@@ -14,6 +15,14 @@ import tempfile
 from pathlib import Path
 
 from setuptools import Command
+
+try:
+    from . import jsonfile
+except ImportError:  # loaded by file path (setup.py, detect_and_benchmark.py): no package here
+    _spec = importlib.util.spec_from_file_location("_tensor_ops_build_jsonfile",
+                                                   Path(__file__).with_name("jsonfile.py"))
+    jsonfile = importlib.util.module_from_spec(_spec)
+    _spec.loader.exec_module(jsonfile)
 
 ISA_FLAGS = ("sse4_2", "avx", "avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512dq", "avx512vl")
 
@@ -55,7 +64,7 @@ def detect_cpu() -> dict:
 
 
 def detect_openmp(cxx: str = "g++") -> dict:
-    exe = shutil.which(os.environ.get("CXX", cxx))
+    exe = shutil.which(jsonfile.env.get("CXX") or cxx)
     if not exe:
         return {"available": False, "reason": f"no C++ compiler ({cxx}) on PATH"}
     src = "#include <omp.h>\nint main(){int n=0;\n#pragma omp parallel reduction(+:n)\nn+=1;\nreturn n>0?0:1;}\n"
@@ -146,17 +155,13 @@ class TestCapabilities(Command):
         pass
 
     def run(self):
-        import importlib.util
         d = detect_all()
         print(format_table(d))
         if not self.no_write:
-            spec = importlib.util.spec_from_file_location("_to_record", Path(__file__).with_name("record.py"))
-            rec = importlib.util.module_from_spec(spec)
-            spec.loader.exec_module(rec)
             try:
                 path = None
                 for key, val in d.items():
-                    path = rec.update_section("detected", key, val)
+                    path = jsonfile.update_section("detected", key, val)
                 print(f"recorded under 'detected' in {path}")
             except (OSError, ValueError) as exc:
                 print(f"test_capabilities: could not record the result: {exc}", file=sys.stderr)

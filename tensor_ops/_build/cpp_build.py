@@ -9,7 +9,7 @@ The kernel sources (``KERNEL_SOURCES``) are compiled once per variant, each time
 with the binding ``module.cpp`` (baseline flags) into one extension; the module picks a
 variant at import with ``__builtin_cpu_supports``. Nothing is built with ``-march=native``.
 
-Environment:
+Environment (declared in ``tensor_ops/_env.py``, read through it):
     TENSOR_OPS_SKIP_CPP=1       do not build the extension at all
     TENSOR_OPS_REQUIRE_CPP=1    a failed build is an error (default: report it, go on)
     TENSOR_OPS_CPP_SANITIZE=1   -O1 -g -fsanitize=address,undefined (see cpp_ext/sanitize.sh)
@@ -39,6 +39,15 @@ from pathlib import Path
 from setuptools import Extension
 from setuptools.command.build_ext import build_ext
 
+try:
+    from . import jsonfile
+except ImportError:  # loaded by file path (setup.py): the package is not importable here
+    _spec = importlib.util.spec_from_file_location("_tensor_ops_build_jsonfile",
+                                                   Path(__file__).with_name("jsonfile.py"))
+    jsonfile = importlib.util.module_from_spec(_spec)
+    _spec.loader.exec_module(jsonfile)
+_env = jsonfile.env
+
 EXT_NAME = "tensor_ops._cpp"
 SRC_DIR = "cpp_ext"  # relative to setup.py, as setuptools wants
 KERNEL_SOURCES = ["norm.cpp", "softmax.cpp", "activation.cpp", "rope.cpp", "optim.cpp", "table.cpp"]
@@ -61,13 +70,9 @@ def _is_x86() -> bool:
 
 
 def _record(value: dict) -> None:
-    """Write built.cpp into backend.json through record.py (loaded by path)."""
+    """Write built.cpp into backend.json (jsonfile's write target)."""
     try:
-        path = Path(__file__).resolve().parent / "record.py"
-        spec = importlib.util.spec_from_file_location("_tensor_ops_build_record", path)
-        mod = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(mod)
-        written = mod.update_section("built", "cpp", value)
+        written = jsonfile.update_section("built", "cpp", value)
         _say(f"recorded built.cpp in {written}")
     except Exception as exc:  # recording is a convenience, never a build failure
         _say(f"could not record the build result ({type(exc).__name__}: {exc})")
@@ -78,7 +83,7 @@ def extensions() -> list:
 
     Imports nothing and records nothing: pybind11 is looked for by :class:`BuildExt` when a
     build actually runs (see the module docstring for why)."""
-    if os.environ.get("TENSOR_OPS_SKIP_CPP") == "1":
+    if _env.get("TENSOR_OPS_SKIP_CPP"):
         _say("TENSOR_OPS_SKIP_CPP=1: not building tensor_ops._cpp")
         return []
     src = Path(SRC_DIR)
@@ -123,14 +128,7 @@ def _record_failure(reason: str) -> None:
         _record({"ok": False, "reason": reason})
         return
     _say(f"the existing build {existing} still imports and stays in use")
-    try:
-        path = Path(__file__).resolve().parent / "record.py"
-        spec = importlib.util.spec_from_file_location("_tensor_ops_build_record", path)
-        mod = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(mod)
-        old = mod.read_json(mod.config_path()).get("built", {}).get("cpp")
-    except Exception:
-        old = None
+    old = jsonfile.recorded("built", "cpp")
     rec = dict(old) if isinstance(old, dict) and old.get("ok") else {"ok": True, "module": existing}
     rec["last_failed_build"] = reason
     _record(rec)
@@ -153,7 +151,7 @@ class BuildExt(build_ext):
                      "backend reports itself unavailable. Install a C++17 compiler (g++ / clang++) and "
                      "re-run `python setup.py build_ext --inplace` or `pip install -e .`.")
                 _record_failure(reason)
-                if os.environ.get("TENSOR_OPS_REQUIRE_CPP") == "1":
+                if _env.get("TENSOR_OPS_REQUIRE_CPP"):
                     raise
                 failed.append(ext)
         # Later steps (inplace copy, editable-wheel output mapping) must not look for it.
@@ -163,7 +161,7 @@ class BuildExt(build_ext):
     # -- helpers -----------------------------------------------------------------------
     def _flags(self):
         msvc = self.compiler.compiler_type == "msvc"
-        sanitize = os.environ.get("TENSOR_OPS_CPP_SANITIZE") == "1"
+        sanitize = _env.get("TENSOR_OPS_CPP_SANITIZE")
         if msvc:
             common = ["/O2", "/std:c++17", "/EHsc"]
             variants = dict(_MSVC_VARIANTS)
@@ -180,9 +178,9 @@ class BuildExt(build_ext):
             variants = dict(_UNIX_VARIANTS)
         if not _is_x86():
             variants = {"scalar": variants["scalar"]}
-        wanted = os.environ.get("TENSOR_OPS_CPP_VARIANTS")
-        if wanted:
-            keep = {w.strip() for w in wanted.split(",") if w.strip()} | {"scalar"}
+        wanted = _env.get("TENSOR_OPS_CPP_VARIANTS")
+        if wanted is not None:
+            keep = set(wanted) | {"scalar"}
             variants = {k: v for k, v in variants.items() if k in keep}
         return msvc, common, link, variants
 
@@ -259,6 +257,6 @@ class BuildExt(build_ext):
             "openmp": has_omp,
             "compiler": " ".join(compiler[:1]),
             "flags": {"common": common + omp_c, **{n: variants[n][1] for n in built}},
-            "sanitize": os.environ.get("TENSOR_OPS_CPP_SANITIZE") == "1",
+            "sanitize": _env.get("TENSOR_OPS_CPP_SANITIZE"),
         })
         _say(f"built {EXT_NAME} with variants {built}, OpenMP {'on' if has_omp else 'off'}")

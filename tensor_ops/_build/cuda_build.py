@@ -28,7 +28,16 @@ from pathlib import Path
 
 from setuptools import Command
 
-PROJECT_ROOT = Path(__file__).resolve().parents[2]
+try:
+    from . import jsonfile
+except ImportError:  # loaded by file path (setup.py) or run as a script: no package here
+    _spec = importlib.util.spec_from_file_location("_tensor_ops_build_jsonfile",
+                                                   Path(__file__).with_name("jsonfile.py"))
+    jsonfile = importlib.util.module_from_spec(_spec)
+    _spec.loader.exec_module(jsonfile)
+_env = jsonfile.env
+
+PROJECT_ROOT = jsonfile.PROJECT_ROOT
 SOURCE_DIR = PROJECT_ROOT / "cuda_ext"
 HEADER = "common.cuh"
 DEFAULT_FATBIN = PROJECT_ROOT / "tensor_ops" / "_cuda_kernels.fatbin"
@@ -66,8 +75,9 @@ def sources_digest(src_dir: Path = SOURCE_DIR) -> str:
 def _bin_dirs() -> list[Path]:
     dirs = []
     for var in ("CUDA_HOME", "CUDA_PATH"):
-        if os.environ.get(var):
-            dirs.append(Path(os.environ[var]) / "bin")
+        root = _env.get(var)
+        if root is not None:
+            dirs.append(root / "bin")
     dirs.append(Path("/usr/local/cuda/bin"))
     # pip wheels (nvidia-cuda-nvcc, nvidia-cuda-cuobjdump) put their tools here.
     for entry in sys.path:
@@ -146,14 +156,6 @@ def parse_archs(text: str, supported: list[int]) -> list[int]:
     return sorted(set(out))
 
 
-def _load_record():
-    path = Path(__file__).resolve().parent / "record.py"
-    spec = importlib.util.spec_from_file_location("_tensor_ops_build_record", path)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
-
-
 def build_fatbin(output: Path = DEFAULT_FATBIN, archs: list[int] | None = None,
                  jobs: int | None = None, src_dir: Path = SOURCE_DIR, record: bool = True,
                  log=print) -> dict:
@@ -210,11 +212,11 @@ def build_fatbin(output: Path = DEFAULT_FATBIN, archs: list[int] | None = None,
     # Sidecar read by the runtime (tensor_ops/backends/cuda.py): archs and the source hash
     # tell it whether the fatbin can serve this GPU or is stale.
     sidecar = Path(str(output) + ".json")
-    _load_record().atomic_write_json(sidecar, info)
+    jsonfile.atomic_write(sidecar, info)
     os.chmod(sidecar, 0o644)  # mkstemp made it 0600; an installed package must be readable
     os.chmod(output, 0o644)
     if record:
-        path = _load_record().update_section("built", "cuda", info)
+        path = jsonfile.update_section("built", "cuda", info)
         log(f"build_cuda: recorded built.cuda in {path}")
     return info
 

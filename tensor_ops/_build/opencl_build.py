@@ -17,15 +17,19 @@ from pathlib import Path
 
 from setuptools import Command
 
-ROOT = Path(__file__).resolve().parents[2]
+try:
+    from . import jsonfile
+except ImportError:  # loaded by file path (setup.py): the package is not imported here
+    _spec = importlib.util.spec_from_file_location("_tensor_ops_build_jsonfile",
+                                                   Path(__file__).with_name("jsonfile.py"))
+    jsonfile = importlib.util.module_from_spec(_spec)
+    _spec.loader.exec_module(jsonfile)
+
+ROOT = jsonfile.PROJECT_ROOT
 
 
 def _record(value: dict) -> Path:
-    spec = importlib.util.spec_from_file_location("_tensor_ops_build_record",
-                                                  Path(__file__).with_name("record.py"))
-    record = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(record)
-    return record.update_section("built", "opencl", value)
+    return jsonfile.update_section("built", "opencl", value)
 
 
 def build(force: bool = False, log=print) -> int:

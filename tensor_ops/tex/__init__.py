@@ -24,6 +24,8 @@ except ImportError as _exc:  # pragma: no cover - exercised by a subprocess test
         "tensor_ops.tex needs PyTorch, which is not installed: pip install torch==2.13.0 "
         "(the CPU wheel is enough); `import tensor_ops` itself works without it") from _exc
 
+from tensor_ops import _global
+
 from . import _activations, _dropout, _gemm, _misc, _multi_tensor, _norms, _rope, _softmax
 from ._activations import *  # noqa: F401,F403
 from ._backends import (TEXBackendBase, get_backend, list_backends, register_backend, set_backend,
@@ -35,6 +37,7 @@ from ._gemm import *  # noqa: F401,F403
 from ._misc import *  # noqa: F401,F403
 from ._multi_tensor import *  # noqa: F401,F403
 from ._norms import *  # noqa: F401,F403
+from ._register import manager as _manager
 from ._rope import *  # noqa: F401,F403
 from ._softmax import *  # noqa: F401,F403
 
@@ -81,18 +84,8 @@ __all__ = sorted(
        "get_backend", "use_backend", "install", "uninstall"])
 
 
-def _register() -> None:
-    """Register now unless the global manager is being built on this thread (a plugin
-    importing tex during plugin discovery); then the first tex call registers."""
-    try:
-        from tensor_ops import _global
-        lock = _global._lock
-        building = _global._manager is None and getattr(lock, "_is_owned", lambda: False)()
-    except (ImportError, AttributeError):
-        building = False
-    if not building:
-        from ._dispatch import manager
-        manager()
-
-
-_register()
+# Register tex's impls now, unless the global manager is being built on this thread (a plugin
+# importing tex during plugin discovery would re-enter that build); then the first tex call
+# registers them.
+if not _global.building():
+    _manager()

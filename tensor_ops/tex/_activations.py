@@ -4,7 +4,8 @@ from __future__ import annotations
 import torch
 
 from ._common import as_float, check_quantizer, check_same_device, check_tensor, rows_2d
-from ._dispatch import call, reference
+from ._dispatch import call
+from ._refs import reference
 
 _K0 = 0.7978845608028654  # sqrt(2/pi)
 _K1 = 0.044715 * _K0      # 0.03567741...

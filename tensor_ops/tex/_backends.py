@@ -11,10 +11,14 @@ from __future__ import annotations
 import abc
 import contextlib
 import contextvars
-import os
+import sys
 from typing import Optional
 
+from tensor_ops import _env
 from tensor_ops._ops import TEX_OPS
+from tensor_ops._registry import BackendImplKind, OpImpl
+
+from ._register import manager
 
 __all__ = ["TEXBackendBase", "register_backend", "unregister_backend", "list_backends", "set_backend",
            "get_backend", "use_backend"]
@@ -102,7 +106,9 @@ class _BuiltinBackend(TEXBackendBase):
 
 def _forward(op):
     def method(self, *args, **kwargs):
-        import tensor_ops.tex as tex
+        # The package's public (validating) function; looked up, not imported: the package
+        # imports this module, and is complete by the time a backend object exists.
+        tex = sys.modules[__package__]
         with use_backend(self.name):
             return getattr(tex, op)(*args, **kwargs)
     method.__name__ = op
@@ -114,7 +120,6 @@ for _op in TEX_OPS:
 
 
 def _registry():
-    from ._dispatch import manager
     return manager().registry
 
 
@@ -132,8 +137,6 @@ def register_backend(cls, registry=None):
     ``registry``: register there instead of the global registry (a plugin's
     ``register(registry)`` passes the one it was given).
     """
-    from tensor_ops._registry import BackendImplKind, OpImpl
-
     if not (isinstance(cls, type) and issubclass(cls, TEXBackendBase)):
         raise TypeError(f"@register_backend expects a TEXBackendBase subclass, got {cls!r}")
     inst = cls()
@@ -195,7 +198,6 @@ def _tex_impls():
 
 
 def _backend_available(name: str) -> bool:
-    from ._dispatch import manager
     mgr = manager()
     impls = _tex_impls().get(name, [])
     return any(not mgr._exclusion(i) for i in impls)
@@ -242,11 +244,7 @@ def use_backend(name: Optional[str]):
 
 
 def _env_name() -> Optional[str]:
-    for var in ("TE_BACKEND", "TE_PLUGIN"):
-        v = os.environ.get(var, "").strip()
-        if v:
-            return v
-    return None
+    return _env.get("TE_BACKEND")      # then its alias TE_PLUGIN
 
 
 def current_override() -> Optional[str]:
@@ -270,7 +268,6 @@ def _current_name() -> Optional[str]:
     o = current_override()
     if o is not None:
         return o
-    from ._dispatch import manager
     res = manager().resolve("rmsnorm_fwd", None, "tex")
     return res.candidates[0].backend if res.candidates else None
 

@@ -4,7 +4,8 @@ from __future__ import annotations
 import torch
 
 from ._common import as_float, check_same_device, check_shape, check_tensor
-from ._dispatch import call, reference
+from ._dispatch import call
+from ._refs import reference
 
 __all__ = ["dropout_fwd", "dropout_bwd"]
 

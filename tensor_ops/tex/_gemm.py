@@ -7,7 +7,8 @@ import torch
 
 from ._activations import _gelu_tanh, _gelu_tanh_grad
 from ._common import as_float, check_quantizer, check_same_device, check_tensor
-from ._dispatch import call, reference
+from ._dispatch import call
+from ._refs import reference
 from ._enums import to_torch_dtype
 
 __all__ = ["generic_gemm"]

@@ -1,8 +1,11 @@
 """Attention backend query and version getters (no fused attention / cuBLAS here)."""
 from __future__ import annotations
 
-from ._dispatch import call, reference
+from . import _nvidia
+from ._backends import current_override
+from ._dispatch import call
 from ._enums import NVTE_Fused_Attn_Backend
+from ._refs import reference
 
 __all__ = ["get_fused_attn_backend", "get_cublasLt_version", "get_cudnn_version", "get_num_cublas_streams"]
 
@@ -14,8 +17,6 @@ def get_fused_attn_backend(*args):
 
 
 def _version(name):
-    from . import _nvidia
-    from ._backends import current_override
     te = _nvidia.module() if current_override() in (None, "nvidia") else None
     if te is not None and _nvidia.availability()[0]:
         try:

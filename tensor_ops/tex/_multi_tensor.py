@@ -4,7 +4,8 @@ from __future__ import annotations
 import torch
 
 from ._common import as_float, as_int, check_tensor, nargs_error
-from ._dispatch import call, reference
+from ._dispatch import call
+from ._refs import reference
 
 __all__ = ["multi_tensor_scale", "multi_tensor_l2norm", "multi_tensor_unscale_l2norm", "multi_tensor_adam",
            "multi_tensor_sgd"]

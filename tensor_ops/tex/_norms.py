@@ -4,7 +4,8 @@ from __future__ import annotations
 import torch
 
 from ._common import as_float, check_quantizer, check_same_device, check_shape, check_tensor, nargs_error, rows_2d
-from ._dispatch import call, reference
+from ._dispatch import call
+from ._refs import reference
 from ._enums import to_torch_dtype
 
 __all__ = ["rmsnorm_fwd", "layernorm_fwd", "rmsnorm_bwd", "layernorm_bwd", "rmsnorm_bwd_add"]

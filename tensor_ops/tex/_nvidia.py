@@ -7,11 +7,11 @@ from __future__ import annotations
 
 import enum
 import importlib
-import os
 import sys
 
 import torch
 
+from tensor_ops import _env
 from tensor_ops._ops import TEX_OPS
 
 from ._enums import to_te_dtype
@@ -38,8 +38,7 @@ def module():
 
 
 def availability():
-    v = os.environ.get("TE_FL_SKIP_CUDA", "").strip().lower()
-    if v in ("1", "true", "yes", "on"):
+    if _env.enabled("TE_FL_SKIP_CUDA"):
         return False, "disabled by TE_FL_SKIP_CUDA"
     try:
         importlib.import_module(MODULE)

@@ -4,8 +4,9 @@ from __future__ import annotations
 import torch
 
 from ._common import check_same_device, check_tensor, nargs_error
-from ._dispatch import call, reference
+from ._dispatch import call
 from ._enums import NVTE_QKV_Format
+from ._refs import reference
 
 __all__ = ["fused_rope_forward", "fused_rope_backward"]
 

@@ -4,7 +4,8 @@ from __future__ import annotations
 import torch
 
 from ._common import as_float, check_same_device, check_tensor, nargs_error
-from ._dispatch import call, reference
+from ._dispatch import call
+from ._refs import reference
 
 __all__ = [
     "scaled_softmax_forward", "scaled_softmax_backward",

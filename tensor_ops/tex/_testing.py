@@ -123,7 +123,7 @@ def backends_for(op):
 
     from tensor_ops._registry import BackendImplKind
 
-    from ._dispatch import manager
+    from ._register import manager
     mgr = manager()
     params = []
     seen = set()
