@@ -31,13 +31,10 @@ def _error(msg: str) -> Exception:
 
 def _recorded_build_failure() -> str:
     """The reason setup.py recorded in backend.json when it could not build the module."""
-    try:
-        from tensor_ops._build import record
-        built = record.read_json(record.config_path()).get("built", {}).get("cpp", {})
-        if isinstance(built, dict) and built.get("ok") is False and built.get("reason"):
-            return f"; the last build recorded: {built['reason']}"
-    except Exception:
-        pass
+    from tensor_ops._build.jsonfile import recorded
+    built = recorded("built", "cpp")
+    if isinstance(built, dict) and built.get("ok") is False and built.get("reason"):
+        return f"; the last build recorded: {built['reason']}"
     return ""
 
 
