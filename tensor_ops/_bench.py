@@ -13,7 +13,8 @@ every ``benchmarks/*.py`` preset time through it, with one timer and one statist
   at these sizes, so kernels with streaming stores can beat it).
 - :func:`benchmark`: op × dtype × a ladder of sizes that grows until the leading impl's
   bandwidth has converged past the last-level cache (or the 256 MiB-per-array cap); the NumPy
-  reference and the baselines are sampled at the smallest, a middle and the largest size.
+  reference and the baselines are sampled at the smallest, a middle and the largest size up to
+  64 MiB per array.
 
 The cases, the fp64 oracle and the baselines are in ``_bench_cases.py``, the ceiling copy in
 ``_bench_ceiling.py``, validation and the impl list in ``_bench_impls.py``.
@@ -38,6 +39,7 @@ BENCH_OPS = ("rms_norm", "layer_norm", "softmax", "silu", "gelu", "relu", "swigl
 DTYPES = ("float32", "float16")
 MATMUL_SIDES = {"quick": (64, 256), "default": (64, 256, 1024), "full": (64, 256, 1024)}
 CAP_BYTES = 256 << 20             # no array of the ladder is larger, whatever the cache reports
+REF_CAP_BYTES = 64 << 20          # the sampled NumPy / torch rows stop here (NumPy fp16 takes s per call)
 CONVERGED = 0.05                  # two sizes past the cache within 5 %: the ladder stops
 NOISE = 1.25                      # a reference impl this close to the leader is still swept
 BASELINES = ("numpy formula", "torch", "torch.compile")
@@ -152,20 +154,22 @@ def _err(exc: BaseException) -> str:
 
 def time_rounds(fns: dict, budget_s: float, min_rounds: int = 5, max_rounds: int = 500,
                 clock: Optional[Callable[[], float]] = None, calls: int = 1,
-                sync: Optional[Callable[[], object]] = None) -> dict:
+                sync: Optional[Callable[[], object]] = None, warmed=()) -> dict:
     """THE timer. ``{name: Timing}`` for ``{name: fn}``: a warm-up call each (tiny calls a
-    few more), then rounds calling every fn once, the order rotating by one each round, until
-    ``min_rounds`` rounds and ``budget_s`` seconds per fn have passed (3 rounds when a call
-    is slower than the budget; at most 10x the budget). ``budget_s=0``: exactly
-    ``min_rounds`` rounds. A fn that raises keeps its error and is left out from then on.
-    For devices: each sample is ``calls`` back-to-back calls then ``sync()``, divided by
-    ``calls``."""
+    few more; none for the names in ``warmed``, already called once), then rounds calling
+    every fn once, the order rotating by one each round, until ``min_rounds`` rounds and
+    ``budget_s`` seconds per fn have passed (3 rounds once a call is slower than the budget;
+    at most 10x the budget). ``budget_s=0``: exactly ``min_rounds`` rounds. A fn that raises
+    keeps its error and is left out from then on. For devices: each sample is ``calls``
+    back-to-back calls then ``sync()``, divided by ``calls``."""
     clock = clock or time.perf_counter
     if calls > 1 or sync is not None:
         fns = {k: _block(fn, calls, sync) for k, fn in fns.items()}
     res = {k: Timing() for k in fns}
-    slow = False
+    slowest = 0.0
     for k, fn in fns.items():
+        if k in warmed:
+            continue
         try:
             t0 = clock()
             fn()
@@ -173,12 +177,10 @@ def time_rounds(fns: dict, budget_s: float, min_rounds: int = 5, max_rounds: int
             if first < budget_s / 50:               # tiny calls: settle caches / JIT
                 for _ in range(3):
                     fn()
-            slow = slow or first > budget_s
+            slowest = max(slowest, first / calls)
         except Exception as exc:  # a failure is a result (e.g. an fp16 kernel torch lacks)
             res[k].error = _err(exc)
     live = [k for k in fns if not res[k].error]
-    if slow and budget_s > 0:
-        min_rounds = min(min_rounds, 3)
     start, rounds = clock(), 0
     while live and rounds < max_rounds:
         got: dict = {}
@@ -195,6 +197,9 @@ def time_rounds(fns: dict, budget_s: float, min_rounds: int = 5, max_rounds: int
                 res[k].samples.append(got.get(k))
         live = [k for k in live if not res[k].error]
         rounds += 1
+        slowest = max([slowest, *got.values()])
+        if budget_s > 0 and slowest > budget_s:   # slow calls (NumPy fp16 at 256 MiB): 3 rounds
+            min_rounds = min(min_rounds, 3)
         spent = clock() - start
         if rounds >= min_rounds and spent >= budget_s * max(1, len(live)):
             break
@@ -232,6 +237,7 @@ class Entry:
     impl_id: str = ""
     token: str = ""
     error: str = ""
+    warmed: bool = False       # already called once (the served check, a compile): no warm-up
 
 
 def impl_entry(case: Case, ir: ImplRef, fresh: bool = False) -> Entry:
@@ -250,6 +256,7 @@ def impl_entry(case: Case, ir: ImplRef, fresh: bool = False) -> Entry:
         e.error = f"declined (served by {sorted(served)})"
     else:
         e.fn = (lambda: case.run(token, None)) if fresh else (lambda: case.run(token, out))
+        e.warmed = not fresh            # the check call above touched out= and loaded the kernel
     return e
 
 
@@ -258,7 +265,8 @@ def baseline_entry(case: Case, name: str) -> Entry:
         fn, why = numpy_formula(case), ""
     else:
         fn, why = (torch_eager if name == "torch" else torch_compiled)(case)
-    return Entry(name, "baseline", fn, name, name.split()[0], "", "reference row", why)
+    return Entry(name, "baseline", fn, name, name.split()[0], "", "reference row", why,
+                 warmed=name == "torch.compile")
 
 
 def case_entries(case: Case, impls: list, baselines=(), fresh: bool = False, ref_impls: bool = True,
@@ -322,7 +330,8 @@ def measure_case(case: Case, size, impls: list, *, baselines=(), fresh: bool = F
     """Every row of one case timed in the same interleaved rounds; returns :func:`rows_of`."""
     entries, label = case_entries(case, impls, baselines, fresh, ref_impls, memcpy)
     fns = {e.col: e.fn for e in entries if e.fn is not None and not e.error}
-    timings = time_rounds(fns, budget_s, min_rounds, max_rounds, clock, calls, sync)
+    timings = time_rounds(fns, budget_s, min_rounds, max_rounds, clock, calls, sync,
+                          warmed={e.col for e in entries if e.warmed})
     return rows_of(case, size, entries, timings, label)
 
 
@@ -345,6 +354,7 @@ class BenchPlan:
     baselines: tuple = ("torch",)
     fresh: bool = False
     memcpy: bool = False
+    time_budget_s: Optional[float] = None  # default mode: the seconds the whole benchmark may take
 
     def units(self) -> list:
         return [(op, dt) for op in self.ops for dt in self.dtypes]
@@ -365,11 +375,13 @@ def _competitive(rows: list) -> bool:
                and r["median_s"] <= NOISE * lead["median_s"] for r in rows) if lead else True
 
 
-def sweep(plan: BenchPlan, name: str, dtype: str, clock=None) -> tuple[list, dict]:
+def sweep(plan: BenchPlan, name: str, dtype: str, clock=None, deadline: Optional[float] = None) -> tuple[list, dict]:
     """(rows, ladder record) of one (op, dtype): walk the sizes; in ``default`` mode stop
     when :func:`converged`, time the NumPy reference only while it is within ``NOISE`` of the
-    leader, the baselines only at the first size, and then re-time the middle and the largest
-    size with every row (all rows of a size always come from the same rounds)."""
+    leader and the baselines only at the first size, then re-time the middle and the largest
+    size with x <= ``REF_CAP_BYTES`` with every row (all rows of a size come from the same
+    rounds). Past ``deadline`` (``clock()`` time) the ladder stops once x has reached
+    min(LLC, 64 MiB)."""
     impls = [i for i in plan.impls if i.op == split_name(name)[0]]
     adaptive = plan.mode == "default" and split_name(name)[0] != "matmul"
     kw = dict(fresh=plan.fresh, memcpy=plan.memcpy, budget_s=plan.budget_s, min_rounds=plan.min_rounds,
@@ -377,6 +389,11 @@ def sweep(plan: BenchPlan, name: str, dtype: str, clock=None) -> tuple[list, dic
     done: list = []                     # [(rows, cols), rows, every row timed]
     stop, ref_next = "every size measured", True
     for rows, cols in plan.sizes(name, dtype):
+        if adaptive and deadline is not None and done and done[-1][1] and (clock or time.perf_counter)() > deadline \
+                and done[-1][1][0]["nbytes"] >= min(plan.llc, REF_CAP_BYTES):
+            stop = (f"time budget ({plan.time_budget_s:.0f}s for the run) spent: stopped at "
+                    f"{done[-1][1][0]['shape']}")
+            break
         full = not adaptive or not done
         case = bench_case(name, dtype, rows, cols)
         got = measure_case(case, rows, impls, baselines=plan.baselines if full else (),
@@ -392,7 +409,8 @@ def sweep(plan: BenchPlan, name: str, dtype: str, clock=None) -> tuple[list, dic
     else:
         if adaptive:
             stop = f"cap: {_human(CAP_BYTES)} per array"
-    for i in sorted({len(done) // 2, len(done) - 1}) if done else ():
+    hi = max((i for i, d in enumerate(done) if d[1] and d[1][0]["nbytes"] <= REF_CAP_BYTES), default=0)
+    for i in sorted({hi // 2, hi}) if done else ():
         if not done[i][2]:
             (rows, cols), _, _ = done[i]
             done[i][1] = measure_case(bench_case(name, dtype, rows, cols), rows, impls,
@@ -415,11 +433,15 @@ def benchmark(plan: BenchPlan, progress: Optional[Callable[[str], None]] = None,
     """Time every unit (op × dtype) of ``plan``; ``progress(what)`` is called as each starts.
     Returns ``{"results": rows, "ladders": [...], "ceiling": label}``."""
     results, ladders = [], []
+    units = plan.units()
+    t0 = (clock or time.perf_counter)()
     with host_copies_allowed():
-        for name, dt in plan.units():
+        for k, (name, dt) in enumerate(units):
             if progress:
                 progress(f"{name} {dt}")
-            rows, rec = sweep(plan, name, dt, clock)
+            # each unit may use its share of the budget plus what earlier units left unused
+            deadline = t0 + plan.time_budget_s * (k + 1) / len(units) if plan.time_budget_s else None
+            rows, rec = sweep(plan, name, dt, clock, deadline)
             results += rows
             ladders.append(rec)
     ceiling = next((r["ceiling"] for r in results if r.get("ceiling")), None)

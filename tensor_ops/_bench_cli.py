@@ -18,6 +18,7 @@ from ._bench_report import Progress, console as _console, plot, report, say  # n
 
 DEFAULT_DIR = Path("bench_results")
 BUDGET = {"quick": 0.03, "default": 0.05, "fixed": 0.05, "full": 0.1}
+TIME_BUDGET = 210.0               # default mode: detect + build + validate + report fit in 5 minutes
 
 
 def add_arguments(p, write_flag: bool = True) -> None:
@@ -35,6 +36,9 @@ def add_arguments(p, write_flag: bool = True) -> None:
                                    "past the last-level cache (arrays <= 256 MiB)")
     p.add_argument("--budget", type=float, default=None, help="seconds of rounds per row and size "
                                                               "(default 0.05; quick 0.03; full 0.1)")
+    p.add_argument("--time-budget", type=float, default=None,
+                   help="seconds the default ladder may take in all (default 210): a unit past its share stops "
+                        "growing sizes once x >= min(LLC, 64 MiB); 0 = no limit")
     p.add_argument("--no-torch", action="store_true", help="leave out the torch eager reference rows")
     p.add_argument("--compile", action="store_true", help="add torch.compile (Inductor) reference rows "
                                                           "(compiled once per case, outside the timing; slow)")
@@ -73,7 +77,9 @@ def make_plan(args, impls: list, llc: int) -> _bench.BenchPlan:
     baselines = () if args.no_torch else ("torch",) + (("torch.compile",) if getattr(args, "compile", False) else ())
     return _bench.BenchPlan(_csv(args.ops) or list(_bench.BENCH_OPS), _csv(args.dtypes) or list(_bench.DTYPES),
                             impls, mode, [(s, _bench.COLS) for s in sizes], llc, sides,
-                            args.budget if args.budget is not None else BUDGET[mode], baselines=baselines)
+                            args.budget if args.budget is not None else BUDGET[mode], baselines=baselines,
+                            time_budget_s=(TIME_BUDGET if args.time_budget is None else args.time_budget or None)
+                            if mode == "default" else None)
 
 
 def _dram_ceiling(results: list) -> Optional[float]:
@@ -128,7 +134,11 @@ def pipeline(args, console, detected: Optional[dict] = None, write: bool = False
     prog.close()
     t_bench = time.perf_counter() - t0
     ceiling_gbps = _dram_ceiling(figures["results"])
-    say(console, f"benchmark done in {t_bench:.0f}s")
+    stops: dict = {}
+    for rec in figures["ladders"]:
+        key = rec["stop"].split(":")[0].split(" (")[0]
+        stops[key] = stops.get(key, 0) + 1
+    say(console, f"benchmark done in {t_bench:.0f}s; ladders: " + ", ".join(f"{n} {k}" for k, n in stops.items()))
 
     psi1 = _bench.cpu_pressure()
     busy = max((p for p in (psi0, psi1) if p is not None), default=None)

@@ -93,6 +93,10 @@ def test_timer_budget_slow_calls_and_device_blocks():
     assert len(t["x"].samples) == 8                      # until 0.5 s per fn have passed
     t = _bench.time_rounds({"x": scripted(clock, [1.0])}, budget_s=0.5, min_rounds=5, clock=clock)
     assert len(t["x"].samples) == 3                      # slower than the budget: 3 rounds
+    log = []
+    t = _bench.time_rounds({"a": scripted(clock, [1.0], log, "a"), "b": scripted(clock, [1.0], log, "b")}, 0, 2,
+                           clock=clock, warmed={"a"})
+    assert log == ["b", "a", "b", "b", "a"]              # no warm-up for a (already called once)
     syncs = []
     t = _bench.time_rounds({"x": scripted(clock, [0.5])}, 0, 2, clock=clock, calls=4,
                            sync=lambda: syncs.append(1))
@@ -172,10 +176,12 @@ def test_sweep_stops_on_convergence_and_samples_the_references(monkeypatch):
     assert swept[0] == (1, ("torch",), True)                       # the smallest size: every row
     assert swept[1] == (4, (), True)                               # numpy was close at 1: swept once more
     assert all(c[1] == () and not c[2] for c in swept[2:8])        # then neither numpy nor torch
-    assert swept[8:] == [(256, ("torch",), True), (8192, ("torch",), True)]   # re-timed: middle and largest
-    assert rec["references_at"] == ["1x4096", "256x4096", "8192x4096"]
-    torch_at = sorted({r["shape"] for r in rows if r["col"] == "torch"})
-    assert torch_at == ["1x4096", "256x4096", "8192x4096"]
+    # re-timed with every row: the largest size with x <= 64 MiB (4096 rows) and the middle one
+    assert swept[8:] == [(64, ("torch",), True), (4096, ("torch",), True)]
+    assert rec["references_at"] == ["1x4096", "64x4096", "4096x4096"]
+    torch_at = {r["shape"] for r in rows if r["col"] == "torch"}
+    assert torch_at == {"1x4096", "64x4096", "4096x4096"}
+    assert {r["shape"] for r in rows if r["col"] == "numpy"} == {"1x4096", "4x4096", "64x4096", "4096x4096"}
     assert len([r for r in rows if r["col"] == "cpp"]) == 8      # one row per size, re-timed sizes replaced
 
 
@@ -187,10 +193,28 @@ def test_sweep_stops_at_the_cap_when_nothing_converges(monkeypatch):
     plan = _bench.BenchPlan(["silu"], ["float32"], impls, "default", llc=260 * MIB)
     rows, rec = _bench.sweep(plan, "silu", "float32")
     assert rec["stop"].startswith("cap") and rec["sizes"][-1] == "16384x4096"
+    assert max(int(s.split("x")[0]) for s in rec["references_at"]) * 4096 * 4 <= _bench.REF_CAP_BYTES
     full = _bench.BenchPlan(["silu"], ["float32"], impls, "quick", baselines=("torch",))
     fake.calls.clear()
     _bench.sweep(full, "silu", "float32")
     assert fake.calls == [(1, ("torch",), True), (32, ("torch",), True), (512, ("torch",), True)]
+
+
+def test_a_spent_time_budget_stops_the_ladder_past_the_cache(monkeypatch):
+    fake, clock = FakeSweep(flat_from=1 << 30), FakeClock()
+    measure = fake.measure_case
+
+    def timed(*a, **kw):
+        clock.t += 1.0
+        return measure(*a, **kw)
+    monkeypatch.setattr(_bench, "measure_case", timed)
+    monkeypatch.setattr(_bench, "bench_case", fake.bench_case)
+    impls = [_bench.ImplRef("silu", "default.cpp", "cpp", "default", "cpp")]
+    plan = _bench.BenchPlan(["silu"], ["float32"], impls, "default", llc=32 * MIB, time_budget_s=5.0)
+    out = _bench.benchmark(plan, clock=clock)
+    rec = out["ladders"][0]
+    # over budget from 1024 rows on, but the ladder goes on until x >= 32 MiB (4096 rows: 64 MiB)
+    assert rec["sizes"][-1] == "4096x4096" and rec["stop"].startswith("time budget (5s for the run) spent")
 
 
 # ----------------------------------------------------------------------------- strict mode
