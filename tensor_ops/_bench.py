@@ -4,7 +4,7 @@ every ``benchmarks/*.py`` preset time through it, with one timer and one statist
 - :func:`time_rounds`, the timer: the rows of one case (impls, baselines and the ceiling
   copy) are called in interleaved rounds, one call each per round, the order rotating, so a
   burst of load from other processes hits them alike.
-- The statistic (:func:`rows_of`): per row the median time, and every ratio as the **median
+- The statistic (:func:`stats`): per row the median time, and every ratio as the **median
   of per-round ratios** (row time / ceiling time in the same round, and so on), which a load
   burst on a shared VM moves far less than a ratio of two medians.
 - The ceiling (:func:`ceiling_copy`): a streaming-store copy of the op's own input pages
@@ -86,7 +86,8 @@ def cpu_pressure() -> Optional[float]:
 def row_ladder(dtype: str, llc: int, mode: str = "default", cols: int = COLS) -> list[int]:
     """Rows of (rows, cols) to measure.
 
-    ``quick``: 1, 32, 512. ``full``: powers of 4 until x + out >= 4 x LLC (uncapped).
+    ``quick``: 1, 32, 512. ``full``: powers of 4 until x + out >= 4 x LLC (uncapped, as
+    before the adaptive ladder).
     ``default``: the candidates the adaptive sweep walks: powers of 4 while x is smaller than
     the LLC, then doubling, up to the cap (x <= 256 MiB); :func:`converged` stops it earlier."""
     if mode == "quick":
@@ -339,7 +340,8 @@ def measure_case(case: Case, size, impls: list, *, baselines=(), fresh: bool = F
 @dataclass
 class BenchPlan:
     """What to time. ``mode``: ``default`` (adaptive ladder, references sampled), ``quick``,
-    ``full`` (today's exhaustive ladder, every row at every size) or ``fixed`` (``shapes``)."""
+    ``full`` (the exhaustive ladder up to 4x the LLC, every row at every size) or ``fixed``
+    (``shapes``)."""
 
     ops: list                              # benchmark names (gelu_tanh allowed)
     dtypes: list

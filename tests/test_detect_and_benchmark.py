@@ -301,6 +301,27 @@ def test_build_steps_that_are_up_to_date_are_not_rerun(tmp_path, monkeypatch):
     assert plan["cpp"] == "" and plan["opencl"] == "" and plan["cuda"].startswith("no CUDA device visible (no GPU)")
 
 
+def test_plan_from_the_options():
+    import argparse
+    from tensor_ops import _bench_cli
+    p = argparse.ArgumentParser()
+    _bench_cli.add_arguments(p)
+
+    def plan(*argv):
+        return _bench_cli.make_plan(p.parse_args(list(argv)), [], 32 << 20)
+    d = plan()
+    assert (d.mode, d.time_budget_s, d.baselines, d.budget_s) == ("default", _bench_cli.TIME_BUDGET, ("torch",), 0.05)
+    f = plan("--full")
+    assert (f.mode, f.time_budget_s, f.budget_s) == ("full", None, 0.1)
+    assert plan("--quick").mode == "quick" and plan("--quick").time_budget_s is None
+    fixed = plan("--sizes", "64,1")
+    assert fixed.mode == "fixed" and fixed.shapes == [(1, 4096), (64, 4096)] and fixed.matmul_sides == (1, 64)
+    assert plan("--compile").baselines == ("torch", "torch.compile") and plan("--no-torch").baselines == ()
+    assert plan("--time-budget", "0").time_budget_s is None and plan("--time-budget", "90").time_budget_s == 90
+    with pytest.raises(SystemExit):
+        p.parse_args(["--quick", "--full"])
+
+
 def test_bench_cli_rejects_unknown_op(tmp_path):
     p = subprocess.run([sys.executable, "-m", "tensor_ops", "bench", "--ops", "nope"], cwd=tmp_path,
                        env=_clean_env(tmp_path / "c.json"), capture_output=True, text=True, timeout=60)
