@@ -34,6 +34,7 @@ from ._bench_cases import (ALIASES, COLS, HEAD_DIM, REDUCTIONS, TOL, VALIDATION_
 from ._bench_ceiling import MEMCPY_MISSING, ceiling_copy, copy_threads, stream_copy_fn  # noqa: F401
 from ._bench_impls import (ImplRef, facade_impls, host_copies_allowed, impl_token, run_forced,  # noqa: F401
                            settings_override, strict_mode, validate)
+from ._tune import _human
 
 BENCH_OPS = ("rms_norm", "layer_norm", "softmax", "silu", "gelu", "relu", "swiglu", "geglu", "rope", "matmul")
 DTYPES = ("float32", "float16")
@@ -421,14 +422,6 @@ def sweep(plan: BenchPlan, name: str, dtype: str, clock=None, deadline: Optional
     rec = {"op": name, "dtype": dtype, "sizes": [d[1][0]["shape"] for d in done if d[1]], "stop": stop,
            "references_at": [d[1][0]["shape"] for d in done if d[2] and d[1]]}
     return [r for d in done for r in d[1]], rec
-
-
-def _human(n: float) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if n < 1024 or unit == "GiB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.3g} {unit}"
-        n /= 1024
-    return str(n)
 
 
 def benchmark(plan: BenchPlan, progress: Optional[Callable[[str], None]] = None, clock=None) -> dict:
