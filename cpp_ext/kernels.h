@@ -1,8 +1,9 @@
-// kernels.h: the ISA-independent kernel table shared by module.cpp and every variant.
+// kernels.h: the ISA-independent kernel table shared by the bindings and every variant.
 //
 // Each variant (scalar, avx2, avx512) fills one KernelTable with pointers to its own
-// instantiations; module.cpp picks a table at import. Kernels are single-threaded over
-// the range they are given; module.cpp splits rows (or flat chunks) across OpenMP threads.
+// instantiations; runtime.cpp picks a table at import. Kernels are single-threaded over
+// the range they are given; the bind_*.cpp files split rows (or flat chunks) across
+// OpenMP threads (runtime.h).
 // Array arguments are raw pointers to C-contiguous data of dtype index [DT_*].
 #pragma once
 #include <cstdint>

@@ -1,5 +1,5 @@
-# Type stub of the pybind11 module tensor_ops._cpp (source: cpp_ext/module.cpp; a test
-# checks that every public name of the module is declared here).
+# Type stub of the pybind11 module tensor_ops._cpp (source: cpp_ext/; binding.h says which
+# file binds what; a test checks that every public name of the module is declared here).
 #
 # Notes for callers (the facade backend tensor_ops/backends/cpp.py and the tex adapters):
 #

@@ -6,8 +6,9 @@ setup.py loads this file by path (never ``import tensor_ops``) and uses::
 
 The kernel sources (``KERNEL_SOURCES``) are compiled once per variant, each time with
 ``-DTO_ISA=<n>`` and only that variant's flags, into separate object directories, and linked
-with the binding ``module.cpp`` (baseline flags) into one extension; the module picks a
-variant at import with ``__builtin_cpu_supports``. Nothing is built with ``-march=native``.
+with the binding sources (``BINDING_SOURCES``, compiled once with baseline flags, in
+parallel) into one extension; the module picks a variant at import with
+``__builtin_cpu_supports``. Nothing is built with ``-march=native``.
 
 Environment:
     TENSOR_OPS_SKIP_CPP=1       do not build the extension at all
@@ -28,6 +29,7 @@ adds ``last_failed_build`` beside it (the old module stays in use).
 """
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import os
 import platform
@@ -41,8 +43,14 @@ from setuptools.command.build_ext import build_ext
 
 EXT_NAME = "tensor_ops._cpp"
 SRC_DIR = "cpp_ext"  # relative to setup.py, as setuptools wants
+# Compiled once per ISA variant (-DTO_ISA=<n> + that variant's flags).
 KERNEL_SOURCES = ["norm.cpp", "softmax.cpp", "activation.cpp", "rope.cpp", "optim.cpp", "table.cpp"]
 HEADERS = ["simd.h", "vmath.h", "kernels.h", "variant.h"]
+# Compiled once with the baseline flags; module.cpp holds only PYBIND11_MODULE. Only
+# runtime.cpp is free of pybind11 (whose headers cost seconds per file).
+BINDING_SOURCES = ["module.cpp", "runtime.cpp", "checks.cpp", "alloc.cpp", "bind_facade.cpp", "bind_tex.cpp",
+                   "bind_runtime.cpp", "fast_entry.cpp"]
+BINDING_HEADERS = ["kernels.h", "runtime.h", "checks.h", "alloc.h", "binding.h"]
 
 _UNIX_VARIANTS = {
     "scalar": (0, []),
@@ -85,9 +93,10 @@ def extensions() -> list:
     return [
         Extension(
             EXT_NAME,
-            sources=[str(src / "module.cpp")],
+            sources=[str(src / s) for s in BINDING_SOURCES],
             include_dirs=[SRC_DIR],
-            depends=[str(src / h) for h in HEADERS] + [str(src / s) for s in KERNEL_SOURCES],
+            depends=[str(src / h) for h in sorted(set(HEADERS) | set(BINDING_HEADERS))]
+            + [str(src / s) for s in KERNEL_SOURCES],
             language="c++",
         )
     ]
@@ -134,6 +143,32 @@ def _record_failure(reason: str) -> None:
     rec = dict(old) if isinstance(old, dict) and old.get("ok") else {"ok": True, "module": existing}
     rec["last_failed_build"] = reason
     _record(rec)
+
+
+@contextlib.contextmanager
+def _parallel_compile(compiler, workers: int):
+    """Within the block, ``compiler.compile`` compiles its sources in parallel threads.
+
+    setuptools compiles an extension's sources one after another; the binding files each
+    parse the pybind11 headers (seconds apiece), so that would be most of the build."""
+    patched_before = "compile" in vars(compiler)
+    serial = compiler.compile
+
+    def compile(sources, *args, **kwargs):
+        if len(sources) <= 1 or workers <= 1:
+            return serial(sources, *args, **kwargs)
+        with ThreadPoolExecutor(max_workers=min(workers, len(sources))) as pool:
+            parts = list(pool.map(lambda s: serial([s], *args, **kwargs), sources))
+        return [o for part in parts for o in part]
+
+    compiler.compile = compile
+    try:
+        yield
+    finally:
+        if patched_before:
+            compiler.compile = serial
+        else:
+            del compiler.compile  # back to the class's method
 
 
 class BuildExt(build_ext):
@@ -248,9 +283,10 @@ class BuildExt(build_ext):
         ext.include_dirs = list(ext.include_dirs) + [include, str(gen)]
         ext.extra_compile_args = list(ext.extra_compile_args or []) + common + omp_c
         ext.extra_link_args = list(ext.extra_link_args or []) + link + omp_l
-        # module.cpp must be rebuilt whenever the variant objects change.
+        # The binding files must be rebuilt whenever the variant objects change.
         ext.depends = list(ext.depends or []) + [o for name in built for o in objects[name]]
-        super().build_extension(ext)
+        with _parallel_compile(self.compiler, os.cpu_count() or 1):
+            super().build_extension(ext)
         compiler = getattr(self.compiler, "compiler_so", None) or [self.compiler.compiler_type]
         _record({
             "ok": True,
