@@ -1,5 +1,6 @@
 // bind_runtime.cpp: the runtime side of tensor_ops._cpp (compiled once, baseline flags):
-// threads, the tuning hooks, build_info(), the fresh-output cache.
+// threads, the tuning hooks, build_info(), the fresh-output cache, and stream_copy (the
+// benchmark engine's memory ceiling).
 #include <pybind11/numpy.h>
 #include <pybind11/pybind11.h>
 
@@ -81,6 +82,54 @@ py::dict build_info() {
     return d;
 }
 
+// One side of stream_copy: a C-contiguous ndarray of any dtype without object references
+// (copying their bytes would skip the reference counts); returns its data and nbytes.
+char* raw_bytes(const py::object& a, const char* name, bool writable, int64_t& nbytes) {
+    if (!py::isinstance<py::array>(a))
+        throw py::type_error(std::string(name) + " must be a numpy.ndarray, got " + std::string(Py_TYPE(a.ptr())->tp_name));
+    const auto arr = py::reinterpret_borrow<py::array>(a);
+    if (arr.dtype().flags() & 0x01)  // NPY_ITEM_REFCOUNT: holds Python objects
+        throw py::type_error(std::string(name) + " has dtype " + py::str(arr.dtype()).cast<std::string>() +
+                             "; stream_copy copies raw bytes, so it takes only dtypes without Python objects");
+    auto* p = proxy(a.ptr());
+    if (!(p->flags & F_C))
+        throw py::value_error(std::string(name) + " must be C-contiguous; pass np.ascontiguousarray(" + name + ")");
+    if (writable && !(p->flags & F_WRITEABLE))
+        throw py::value_error(std::string(name) + " is read-only; pass a writable array");
+    nbytes = (int64_t)arr.nbytes();
+    return p->data;
+}
+
+// dst[:] = src[:] byte for byte, with non-temporal stores (the variant's stream_copy
+// kernel), split over the set_num_threads() threads above the usual threshold. The pieces
+// are dst's 4 KiB pages (the first and last may be partial), so only the first and last
+// piece have an unaligned head or tail.
+void stream_copy(const py::object& src_, const py::object& dst_) {
+    int64_t ns, nd;
+    const char* src = raw_bytes(src_, "src", false, ns);
+    char* dst = raw_bytes(dst_, "dst", true, nd);
+    if (ns != nd)
+        shape_error("src has " + std::to_string(ns) + " bytes but dst has " + std::to_string(nd) +
+                    " bytes; stream_copy needs the same nbytes");
+    const int64_t n = ns;
+    if (n == 0 || src == dst) return;
+    if (src < dst + n && dst < src + n) shape_error("src and dst overlap; stream_copy needs separate buffers");
+    constexpr int64_t PAGE = 4096;
+    int64_t first = (int64_t)((PAGE - (uintptr_t)dst % PAGE) % PAGE);  // bytes before dst's first page boundary
+    if (first > n) first = n;
+    const int64_t units = (first ? 1 : 0) + (n - first + PAGE - 1) / PAGE;
+    auto at = [&](int64_t u) -> int64_t {  // start of piece u
+        const int64_t p = first ? (u == 0 ? 0 : first + (u - 1) * PAGE) : u * PAGE;
+        return p < n ? p : n;
+    };
+    auto k = g_k->stream_copy;
+    py::gil_scoped_release nogil;
+    parallel_units(units, threads_for(2 * n, units), [&](int64_t b, int64_t e, int) {
+        const int64_t lo = at(b), hi = at(e);
+        k(src + lo, dst + lo, hi - lo);
+    });
+}
+
 }  // namespace
 
 void register_runtime(py::module_& m) {
@@ -106,6 +155,8 @@ void register_runtime(py::module_& m) {
             if (cap_bytes >= 0) empty_cache();
         },
         "cap_bytes"_a = -1, "min_bytes"_a = -1);
+    m.def("stream_copy", &stream_copy, "src"_a, "dst"_a,
+          "dst[:] = src[:] byte for byte with non-temporal stores (C-contiguous arrays of equal nbytes).");
 }
 
 }  // namespace to

@@ -50,6 +50,9 @@ struct KernelTable {
     int (*scale[DT_COUNT][DT_COUNT])(const void* in, void* out, int64_t n, float s);
     double (*sumsq[DT_COUNT])(const void* x, int64_t n);
     void (*from_f32[DT_COUNT])(const float* in, void* out, int64_t n);
+    // dst[0, n) = src[0, n) (bytes) with non-temporal stores where the ISA has them, then a
+    // store fence (common.cpp). Any alignment; the ranges must not overlap.
+    void (*stream_copy)(const void* src, void* dst, int64_t nbytes);
 };
 
 // One per compiled variant (defined only if that variant was built).

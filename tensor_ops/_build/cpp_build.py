@@ -44,7 +44,9 @@ from setuptools.command.build_ext import build_ext
 EXT_NAME = "tensor_ops._cpp"
 SRC_DIR = "cpp_ext"  # relative to setup.py, as setuptools wants
 # Compiled once per ISA variant (-DTO_ISA=<n> + that variant's flags).
-KERNEL_SOURCES = ["norm.cpp", "softmax.cpp", "activation.cpp", "rope.cpp", "optim.cpp", "table.cpp"]
+# One file per op family; the family names (norm, softmax, activation, rope, optim, common)
+# are the same in cpp_ext/, opencl_ext/ and cuda_ext/.
+KERNEL_SOURCES = ["norm.cpp", "softmax.cpp", "activation.cpp", "rope.cpp", "optim.cpp", "common.cpp", "table.cpp"]
 HEADERS = ["simd.h", "vmath.h", "kernels.h", "variant.h"]
 # Compiled once with the baseline flags; module.cpp holds only PYBIND11_MODULE. Only
 # runtime.cpp is free of pybind11 (whose headers cost seconds per file).
