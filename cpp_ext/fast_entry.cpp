@@ -128,15 +128,18 @@ PyObject* fast_geglu(PyObject*, PyObject* const* a, Py_ssize_t na) {
 }
 
 #define TO_FASTCALL(f) reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)(void)>(f))
+// "name(args, /)\n--\n\n" is CPython's __text_signature__ form: inspect.signature() (and so
+// mypy.stubtest) sees the positional-only parameters; __doc__ keeps "(args) -> y or None".
+#define TO_DOC(name, args) name "(" args ", /)\n--\n\n(" args ") -> y or None"
 PyMethodDef g_fast_defs[] = {
-    {"_fast_rms_norm", TO_FASTCALL(fast_rms_norm), METH_FASTCALL, "(x, weight, eps) -> y or None"},
-    {"_fast_layer_norm", TO_FASTCALL(fast_layer_norm), METH_FASTCALL, "(x, weight, bias, eps) -> y or None"},
-    {"_fast_softmax", TO_FASTCALL(fast_softmax), METH_FASTCALL, "(x, axis) -> y or None"},
-    {"_fast_silu", TO_FASTCALL((fast_unary<FO_SILU, UN_SILU>)), METH_FASTCALL, "(x) -> y or None"},
-    {"_fast_relu", TO_FASTCALL((fast_unary<FO_RELU, UN_RELU>)), METH_FASTCALL, "(x) -> y or None"},
-    {"_fast_gelu", TO_FASTCALL(fast_gelu), METH_FASTCALL, "(x, approximate) -> y or None"},
-    {"_fast_swiglu", TO_FASTCALL(fast_swiglu), METH_FASTCALL, "(x) -> y or None"},
-    {"_fast_geglu", TO_FASTCALL(fast_geglu), METH_FASTCALL, "(x, approximate) -> y or None"},
+    {"_fast_rms_norm", TO_FASTCALL(fast_rms_norm), METH_FASTCALL, TO_DOC("_fast_rms_norm", "x, weight, eps")},
+    {"_fast_layer_norm", TO_FASTCALL(fast_layer_norm), METH_FASTCALL, TO_DOC("_fast_layer_norm", "x, weight, bias, eps")},
+    {"_fast_softmax", TO_FASTCALL(fast_softmax), METH_FASTCALL, TO_DOC("_fast_softmax", "x, axis")},
+    {"_fast_silu", TO_FASTCALL((fast_unary<FO_SILU, UN_SILU>)), METH_FASTCALL, TO_DOC("_fast_silu", "x")},
+    {"_fast_relu", TO_FASTCALL((fast_unary<FO_RELU, UN_RELU>)), METH_FASTCALL, TO_DOC("_fast_relu", "x")},
+    {"_fast_gelu", TO_FASTCALL(fast_gelu), METH_FASTCALL, TO_DOC("_fast_gelu", "x, approximate")},
+    {"_fast_swiglu", TO_FASTCALL(fast_swiglu), METH_FASTCALL, TO_DOC("_fast_swiglu", "x")},
+    {"_fast_geglu", TO_FASTCALL(fast_geglu), METH_FASTCALL, TO_DOC("_fast_geglu", "x, approximate")},
     {nullptr, nullptr, 0, nullptr}};
 
 }  // namespace

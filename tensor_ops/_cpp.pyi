@@ -1,6 +1,18 @@
 # Type stub of the pybind11 module tensor_ops._cpp (source: cpp_ext/; binding.h says which
 # file binds what; a test checks that every public name of the module is declared here).
 #
+# Checked against the built module with (from the repository root, after build_ext --inplace):
+#
+#   python -m mypy.stubtest tensor_ops._cpp --mypy-config-file cpp_ext/stubtest_mypy.ini
+#
+# (the config only silences mypy errors in the package's pure-Python modules, which stubtest
+# type-checks too; without it stubtest stops at those). What it checks: every runtime name is
+# in the stub and vice versa, ISA's type, and the _fast_* signatures (they carry a
+# __text_signature__). pybind11 functions expose no signature to inspect, so stubtest cannot
+# compare their parameters: tests/test_cpp.py::test_stub_signatures_match_the_bindings
+# compares them with the signature line pybind11 writes into each __doc__. No allowlist is
+# needed (stubtest reports nothing it cannot express).
+#
 # Notes for callers (the facade backend tensor_ops/backends/cpp.py and the tex adapters):
 #
 # * Arrays are numpy.ndarray, C-contiguous, aligned to their itemsize. Accepted storage:

@@ -730,6 +730,43 @@ def test_stub_lists_the_module_api(C):
     assert public <= declared, f"missing from the stub: {sorted(public - declared)}"
 
 
+def _params(fn) -> list:
+    """(kind, name, default) per parameter of an ast function; default '-' when none."""
+    import ast
+    a = fn.args
+    out = [("posonly", p.arg) for p in a.posonlyargs] + [("pos", p.arg) for p in a.args]
+    defaults = ["-"] * (len(out) - len(a.defaults)) + [ast.literal_eval(d) for d in a.defaults]
+    out = [(k, n, d) for (k, n), d in zip(out, defaults)]
+    out += [("kwonly", p.arg, "-" if d is None else ast.literal_eval(d)) for p, d in zip(a.kwonlyargs, a.kw_defaults)]
+    return out
+
+
+def test_stub_signatures_match_the_bindings(C):
+    """What mypy.stubtest cannot check (pybind11 functions have no inspectable signature):
+    the parameter names, kinds and defaults of the stub against the signature line pybind11
+    writes at the top of each function's __doc__ (and __text_signature__ of the _fast_*)."""
+    import ast
+    import inspect
+    with open(os.path.join(ROOT, "tensor_ops", "_cpp.pyi")) as f:
+        stub = {n.name: n for n in ast.parse(f.read()).body if isinstance(n, ast.FunctionDef)}
+    kinds = {inspect.Parameter.POSITIONAL_ONLY: "posonly", inspect.Parameter.POSITIONAL_OR_KEYWORD: "pos",
+             inspect.Parameter.KEYWORD_ONLY: "kwonly"}
+    checked = 0
+    for name in sorted(n for n in dir(C) if not n.startswith("__") and callable(getattr(C, n))):
+        f = getattr(C, name)
+        if getattr(f, "__text_signature__", None):
+            sig = inspect.signature(f)
+            runtime = [(kinds[p.kind], p.name, "-" if p.default is p.empty else p.default)
+                       for p in sig.parameters.values()]
+        else:
+            line = (f.__doc__ or "").splitlines()[0]
+            assert line.startswith(name + "("), f"{name}: no pybind11 signature line in __doc__: {line!r}"
+            runtime = _params(ast.parse(f"def {line}: ...").body[0])
+        assert _params(stub[name]) == runtime, f"{name}: stub {_params(stub[name])} != runtime {runtime}"
+        checked += 1
+    assert checked >= 30
+
+
 @pytest.mark.skipif(not hasattr(os, "fork"), reason="os.fork is POSIX-only")
 def test_fork_after_parallel_kernels_does_not_hang(C):
     """libgomp hangs in a child forked after the parent ran a parallel region; the module
