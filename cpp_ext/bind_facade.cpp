@@ -3,6 +3,8 @@
 // Each op checks its arrays at the boundary (checks.h), takes or allocates its output
 // (alloc.h), releases the GIL and runs the selected variant's kernel over rows (or flat
 // chunks) split across OpenMP threads above a size threshold (runtime.h).
+#include <pybind11/pybind11.h>
+
 #include <memory>
 
 #include "alloc.h"

@@ -1,6 +1,8 @@
 // bind_tex.cpp: the TransformerEngine-named kernels of tensor_ops._cpp (norm backward,
 // Adam, scale, l2norm; compiled once, baseline flags). The tex adapters
 // (tensor_ops/tex/_cpp_adapters.py) call them with NumPy views of torch tensors.
+#include <pybind11/pybind11.h>
+
 #include <cstring>
 #include <memory>
 

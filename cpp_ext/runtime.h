@@ -43,6 +43,10 @@ void init_runtime();
 bool cpu_avx2();
 bool cpu_avx512();
 std::vector<const char*> compiled_variants();  // "scalar" first, then what was built
+struct BuildFlags {
+    const char *common, *scalar, *avx2, *avx512;
+};
+BuildFlags build_flags();  // the compiler flags of the build (build_info()["flags"])
 // Sets the thread count and returns the one in force (1 in a child forked after OpenMP
 // ran, whatever n is). n >= 1 is the caller's job.
 int set_threads(int n);
