@@ -101,7 +101,7 @@ def _bind_native(impl) -> None:
     """Point ``impl`` at the native function, and offer the manager the facade entry."""
     op = impl.op_name
     impl.fn = getattr(_MOD, op)
-    entry = getattr(_MOD, "_fast_" + op, None)   # cpp_ext/fast_entry.cpp's plain-call entry
+    entry = getattr(_MOD, "_fast_" + op, None)   # module.cpp's plain-call entry
     if entry is not None:
         impl._fast = (impl.fn, entry, lambda: _MOD._fast_calls().get(op, 0))
 
