@@ -1,7 +1,7 @@
 // runtime.h: process-wide state of tensor_ops._cpp: the chosen kernel table, the thread
 // count, the size thresholds, fork safety, and the helpers that split work over OpenMP
-// threads. No pybind11 here (runtime.cpp is cheap to compile, and the kernels' thread
-// split is visible to every binding file).
+// threads. No pybind11 here: runtime.cpp compiles in well under a second, and every
+// binding file includes this header.
 //
 // Every environment variable the C++ code reads is read in runtime.cpp::init_runtime(), at
 // import (the list is at the top of runtime.cpp).
