@@ -146,7 +146,11 @@ def settings_override(**changes) -> Iterator[None]:
     m = manager()
     with _lock:
         old = m.settings
-        m.invalidate(dataclasses.replace(old, **changes))
+        if old is not None:      # a manager without settings: nothing to switch
+            m.invalidate(dataclasses.replace(old, **changes))
+    if old is None:
+        yield
+        return
     try:
         yield
     finally:
