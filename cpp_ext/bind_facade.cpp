@@ -158,17 +158,26 @@ py::object rope(const py::object& x_, const py::object& cos_, const py::object& 
     const bool nt = use_nt(bytes);
     py::gil_scoped_release nogil;
     const int64_t B = rows / T;
-    if (B > 1 && rows % T == 0 && 2 * T * n * (int64_t)sizeof(float) > (1 << 20)) {
-        // The (T, n) cos/sin tables outgrow L2: walk positions outermost so each table row is
-        // fetched from memory once and reused for all B sequences while it is in L1 (row-major
-        // order streamed the tables B times: rope ran at ~0.7 of copy on 8 x 1024 x 4096 fp32).
-        parallel_units(T, threads_for(2 * bytes, T), [&](int64_t t0, int64_t t1, int) {
-            for (int64_t t = t0; t < t1; ++t)
+    const int64_t tab_row = 2 * n * (int64_t)sizeof(float);  // bytes of cos + sin per position
+    if (B > 1 && rows % T == 0 && T * tab_row > (256 << 10)) {
+        // The (T, n) tables outgrow L2: walk them in blocks of P positions (~256 KiB of
+        // cos + sin) and run every sequence over a block while it is in L2, so each table byte
+        // comes from memory once and x is still read in contiguous runs of P rows. Row-major
+        // order re-streamed the tables B times (0.7 of copy on 8 x 1024 x 4096); one position
+        // at a time over all sequences read x in B scattered 512-byte pieces per position, which
+        // defeated the prefetchers and the write-combining of the streaming stores (0.08-0.22
+        // of the ceiling on the LLM layout 32 x 8192 x 128).
+        const int64_t P = tab_row >= (256 << 10) ? 1 : (256 << 10) / tab_row;
+        const int64_t blocks = (T + P - 1) / P;
+        parallel_units(blocks, threads_for(2 * bytes, blocks), [&](int64_t b0, int64_t b1, int) {
+            for (int64_t blk = b0; blk < b1; ++blk) {
+                const int64_t t0 = blk * P, np_ = T - t0 < P ? T - t0 : P;
                 for (int64_t bb = 0; bb < B; ++bb) {
-                    const int64_t r = bb * T + t;
-                    k(x.data + r * n * es, (const float*)c.data, (const float*)s.data, o.data + r * n * es, 1, n, T,
-                      r, interleaved, nt);
+                    const int64_t r = bb * T + t0;
+                    k(x.data + r * n * es, (const float*)c.data, (const float*)s.data, o.data + r * n * es, np_, n,
+                      T, t0, interleaved, nt);
                 }
+            }
         });
         return res;
     }
