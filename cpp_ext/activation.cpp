@@ -8,23 +8,26 @@ namespace to {
 namespace TO_NS {
 namespace {
 
-template <int OP>
+// LP: the output is 16-bit (vmath.h vdiv_1p_exp2: the cheaper forms its precision allows).
+template <int OP, bool LP = false>
 inline V act(V x) {
-    if (OP == UN_SILU) return vsilu(x);
+    if (OP == UN_SILU) return vsilu<LP>(x);
     if (OP == UN_RELU) return vmax(vset(0.0f), x);  // operand order: NaN in x stays NaN
     if (OP == UN_GELU_ERF) return vgelu_erf(x);
-    if (OP == UN_GELU_TANH) return vgelu_tanh(x);
+    if (OP == UN_GELU_TANH) return vgelu_tanh<LP>(x);
     if (OP == UN_EXP) return vexp(x);
     return vtanh(x);
 }
+template <class T>
+constexpr bool low_prec() { return sizeof(T) == 2; }
 
 template <class T, int OP>
 void unary_k(const void* xv, void* yv, int64_t count, bool nt) {
     const T* x = (const T*)xv;
     T* y = (T*)yv;
     write_row(
-        y, count, nt, [&](int64_t i) { return act<OP>(vload(x + i)); },
-        [&](int64_t i, int64_t k) { return act<OP>(vload_part(x + i, k, 0.f)); });
+        y, count, nt, [&](int64_t i) { return act<OP, low_prec<T>()>(vload(x + i)); },
+        [&](int64_t i, int64_t k) { return act<OP, low_prec<T>()>(vload_part(x + i, k, 0.f)); });
     if (nt) stream_fence();
 }
 
@@ -37,9 +40,14 @@ void glu_k(const void* xv, void* yv, int64_t rows, int64_t h, bool nt) {
     for (int64_t r = 0; r < rows; ++r) {
         const T* a = x + r * 2 * h;
         const T* b = a + h;
+        // The next row's first half is prefetched: the hardware prefetcher follows b into it
+        // but has to find a's new start on its own at every row.
         write_row(
-            y + r * h, h, nt, [&](int64_t i) { return act<OP>(vload(a + i)) * vload(b + i); },
-            [&](int64_t i, int64_t k) { return act<OP>(vload_part(a + i, k, 0.f)) * vload_part(b + i, k, 0.f); });
+            y + r * h, h, nt, [&](int64_t i) { return act<OP, low_prec<T>()>(vload(a + i)) * vload(b + i); },
+            [&](int64_t i, int64_t k) {
+                return act<OP, low_prec<T>()>(vload_part(a + i, k, 0.f)) * vload_part(b + i, k, 0.f);
+            },
+            r + 1 < rows ? Prefetch(a + 2 * h, 2 * h * (int64_t)sizeof(T), h / (2 * W)) : Prefetch());
     }
     if (nt) stream_fence();
 }

@@ -23,12 +23,21 @@ struct AdamParams {
 struct KernelTable {
     const char* isa;
     int width;  // fp32 lanes
-    // y = x * rsigma * (w [+1 if zc]); rsigma (float, per row) written when non-null.
-    void (*rms_norm[DT_COUNT])(const void* x, const void* w, void* y, int64_t rows, int64_t n,
-                               float eps, float* rsigma, bool zc, bool nt);
+    // y = x * rsigma * w; rsigma (float, per row) written when non-null. The weights (and
+    // bias) are fp32 whatever x's dtype, zero-centred gamma's +1 already added: the binding
+    // converts them once per call (bind_facade.cpp NormParams).
+    void (*rms_norm[DT_COUNT])(const void* x, const float* w, void* y, int64_t rows, int64_t n,
+                               float eps, float* rsigma, bool nt);
     // b may be null (no bias); mu/rsigma written when non-null.
-    void (*layer_norm[DT_COUNT])(const void* x, const void* w, const void* b, void* y, int64_t rows,
-                                 int64_t n, float eps, float* mu, float* rsigma, bool zc, bool nt);
+    void (*layer_norm[DT_COUNT])(const void* x, const float* w, const float* b, void* y, int64_t rows,
+                                 int64_t n, float eps, float* mu, float* rsigma, bool nt);
+    // Fused residual add: s = x + r (rounded to x's dtype, like adding in that dtype), written
+    // to res_out, and y = norm(s). res_out may be r and y may be x (exactly; row by row every
+    // input row is read before its outputs are written). scratch: n floats (per thread).
+    void (*add_rms_norm[DT_COUNT])(const void* x, const void* r, const float* w, void* y, void* res_out,
+                                   int64_t rows, int64_t n, float eps, float* scratch, bool nt);
+    void (*add_layer_norm[DT_COUNT])(const void* x, const void* r, const float* w, const float* b, void* y,
+                                     void* res_out, int64_t rows, int64_t n, float eps, float* scratch, bool nt);
     // scratch: n floats (per thread).
     void (*softmax[DT_COUNT])(const void* x, void* y, int64_t rows, int64_t n, float* scratch, bool nt);
     void (*unary[DT_COUNT][UN_COUNT])(const void* x, void* y, int64_t count, bool nt);
@@ -50,6 +59,7 @@ struct KernelTable {
     int (*scale[DT_COUNT][DT_COUNT])(const void* in, void* out, int64_t n, float s);
     double (*sumsq[DT_COUNT])(const void* x, int64_t n);
     void (*from_f32[DT_COUNT])(const float* in, void* out, int64_t n);
+    void (*to_f32[DT_COUNT])(const void* in, float* out, int64_t n);
     // dst[0, n) = src[0, n) (bytes) with non-temporal stores where the ISA has them, then a
     // store fence (common.cpp). Any alignment; the ranges must not overlap.
     void (*stream_copy)(const void* src, void* dst, int64_t nbytes);

@@ -2,8 +2,8 @@
 //
 // Forward kernels are single pass over memory: the row (16 KiB for n = 4096 fp32) is
 // read once for its statistics, stays in L1/L2, and is read again from cache for the
-// write pass. Statistics are accumulated in fp32 lanes inside 1024-element blocks and
-// in double across blocks (variant.h), so very long rows stay accurate.
+// write pass, while the next row is prefetched (simd.h Prefetch). Statistics are accumulated in fp32 lanes inside 1024-element blocks and
+// in double across blocks, so very long rows stay accurate.
 #include "vmath.h"
 #include "variant.h"
 
@@ -13,30 +13,10 @@ namespace to {
 namespace TO_NS {
 namespace {
 
-template <class T>
-void rms_norm_k(const void* xv, const void* wv, void* yv, int64_t rows, int64_t n, float eps,
-                float* rsigma, bool zc, bool nt) {
-    const T* x = (const T*)xv;
-    const T* w = (const T*)wv;
-    T* y = (T*)yv;
-    const V one = vset(zc ? 1.0f : 0.0f);
-    for (int64_t r = 0; r < rows; ++r) {
-        const T* xr = x + r * n;
-        T* yr = y + r * n;
-        const double ms = row_sumsq(xr, n) / (double)n;
-        const float rs = (float)(1.0 / std::sqrt(ms + (double)eps));
-        if (rsigma) rsigma[r] = rs;
-        const V vrs = vset(rs);
-        write_row(
-            yr, n, nt, [&](int64_t i) { return vload(xr + i) * vrs * (vload(w + i) + one); },
-            [&](int64_t i, int64_t k) { return vload_part(xr + i, k, 0.f) * vrs * (vload_part(w + i, k, 0.f) + one); });
-    }
-    if (nt) stream_fence();
-}
-
-template <class T>
-void layer_norm_row_f64(const T* xr, const T* w, const T* b, T* yr, int64_t n, float eps, bool zc,
-                        float* mu, float* rsigma) {
+// One row of layer_norm in double, for rows whose fp32 statistics overflowed.
+template <class T, class TX>
+void layer_norm_row_f64(const TX* xr, const float* w, const float* b, T* yr, int64_t n, float eps, float* mu,
+                        float* rsigma) {
     double sum = 0.0;
     for (int64_t i = 0; i < n; ++i) sum += (double)to_f32(xr[i]);
     const double mean = sum / (double)n;
@@ -48,53 +28,172 @@ void layer_norm_row_f64(const T* xr, const T* w, const T* b, T* yr, int64_t n, f
     const double rs = 1.0 / std::sqrt(ss / (double)n + (double)eps);
     if (mu) *mu = (float)mean;
     if (rsigma) *rsigma = (float)rs;
-    const double one = zc ? 1.0 : 0.0;
     for (int64_t i = 0; i < n; ++i) {
-        double v = ((double)to_f32(xr[i]) - mean) * rs * ((double)to_f32(w[i]) + one);
-        if (b) v += (double)to_f32(b[i]);
+        double v = ((double)to_f32(xr[i]) - mean) * rs * (double)w[i];
+        if (b) v += (double)b[i];
         put(yr + i, (float)v);
     }
 }
 
+inline float rsqrt_of(double ss, int64_t n, float eps) { return (float)(1.0 / std::sqrt(ss / (double)n + (double)eps)); }
+
+// Each row: statistics (from memory), then the write from cache while the next row is
+// prefetched (simd.h Prefetch).
 template <class T>
-void layer_norm_k(const void* xv, const void* wv, const void* bv, void* yv, int64_t rows, int64_t n,
-                  float eps, float* mu, float* rsigma, bool zc, bool nt) {
+void rms_norm_k(const void* xv, const float* w, void* yv, int64_t rows, int64_t n, float eps, float* rsigma,
+                bool nt) {
     const T* x = (const T*)xv;
-    const T* w = (const T*)wv;
-    const T* b = (const T*)bv;
     T* y = (T*)yv;
-    const V one = vset(zc ? 1.0f : 0.0f);
+    for (int64_t r = 0; r < rows; ++r) {
+        const T* xr = x + r * n;
+        const float rs = rsqrt_of(row_sumsq(xr, n), n, eps);
+        if (rsigma) rsigma[r] = rs;
+        const V vrs = vset(rs);
+        write_row(
+            y + r * n, n, nt, [&](int64_t i) { return vload(xr + i) * vrs * vload(w + i); },
+            [&](int64_t i, int64_t k) { return vload_part(xr + i, k, 0.f) * vrs * vload_part(w + i, k, 0.f); },
+            next_row(xr, n, r + 1 < rows, n));
+    }
+    if (nt) stream_fence();
+}
+
+// y = (x - mean) * rs * w (+ b) from a row in cache.
+template <class T, class TX>
+inline void ln_write(const TX* xr, const float* w, const float* b, T* yr, int64_t n, float mean, float rs, bool nt,
+                     Prefetch pf) {
+    const V vm = vset(mean), vrs = vset(rs);
+    if (b) {
+        write_row(
+            yr, n, nt, [&](int64_t i) { return vfma((vload(xr + i) - vm) * vrs, vload(w + i), vload(b + i)); },
+            [&](int64_t i, int64_t k) {
+                return vfma((vload_part(xr + i, k, 0.f) - vm) * vrs, vload_part(w + i, k, 0.f), vload_part(b + i, k, 0.f));
+            },
+            pf);
+    } else {
+        write_row(
+            yr, n, nt, [&](int64_t i) { return (vload(xr + i) - vm) * vrs * vload(w + i); },
+            [&](int64_t i, int64_t k) { return (vload_part(xr + i, k, 0.f) - vm) * vrs * vload_part(w + i, k, 0.f); },
+            pf);
+    }
+}
+
+// The sum from memory, then the centred squares and the write from cache, the next row
+// prefetched across those two.
+template <class T>
+void layer_norm_k(const void* xv, const float* w, const float* b, void* yv, int64_t rows, int64_t n, float eps,
+                  float* mu, float* rsigma, bool nt) {
+    const T* x = (const T*)xv;
+    T* y = (T*)yv;
     for (int64_t r = 0; r < rows; ++r) {
         const T* xr = x + r * n;
         T* yr = y + r * n;
+        Prefetch pf = next_row(xr, n, r + 1 < rows, 2 * n);
         const float mean = (float)(row_sum(xr, n) / (double)n);
-        const double var = row_sumsq_centered(xr, n, mean) / (double)n;
+        const double var = row_sumsq_centered(xr, n, mean, &pf) / (double)n;
         if (!std::isfinite(var) || !std::isfinite(mean)) {
             // The fp32 block sums overflowed (|x - mean| > ~1.8e19, e.g. FLT_MAX in the row):
             // redo this row in double so finite input never turns into "y = bias". Rare, so a
             // scalar loop is fine; NaN/Inf inputs still come out NaN as in NumPy.
-            layer_norm_row_f64(xr, w, b, yr, n, eps, zc, mu ? mu + r : nullptr, rsigma ? rsigma + r : nullptr);
+            layer_norm_row_f64(xr, w, b, yr, n, eps, mu ? mu + r : nullptr, rsigma ? rsigma + r : nullptr);
             continue;
         }
         const float rs = (float)(1.0 / std::sqrt(var + (double)eps));
         if (mu) mu[r] = mean;
         if (rsigma) rsigma[r] = rs;
-        const V vm = vset(mean), vrs = vset(rs);
-        if (b) {
-            write_row(
-                yr, n, nt,
-                [&](int64_t i) { return vfma((vload(xr + i) - vm) * vrs, vload(w + i) + one, vload(b + i)); },
-                [&](int64_t i, int64_t k) {
-                    return vfma((vload_part(xr + i, k, 0.f) - vm) * vrs, vload_part(w + i, k, 0.f) + one,
-                                vload_part(b + i, k, 0.f));
-                });
-        } else {
-            write_row(
-                yr, n, nt, [&](int64_t i) { return (vload(xr + i) - vm) * vrs * (vload(w + i) + one); },
-                [&](int64_t i, int64_t k) {
-                    return (vload_part(xr + i, k, 0.f) - vm) * vrs * (vload_part(w + i, k, 0.f) + one);
-                });
+        ln_write(xr, w, b, yr, n, mean, rs, nt, pf);
+    }
+    if (nt) stream_fence();
+}
+
+// ---- fused residual add (vLLM's fused_add_rms_norm) --------------------------------------
+// s = round_T(x + r) into an fp32 scratch row e: what res_out receives, so the norm sees the
+// stored residual, like an add in T followed by the norm. Returns the blocked sum (SQ: of
+// squares) of s, like row_sum / row_sumsq.
+template <class T, bool SQ>
+inline double add_into(const T* x, const T* r, float* e, int64_t n) {
+    double acc = 0.0;
+    int64_t i = 0;
+    while (i < n) {
+        const int64_t end = (n - i > 1024) ? i + 1024 : n;
+        V a0 = vset(0.0f), a1 = vset(0.0f);
+        for (; i + 2 * W <= end; i += 2 * W) {
+            const V v0 = round_to<T>(vload(x + i) + vload(r + i)), v1 = round_to<T>(vload(x + i + W) + vload(r + i + W));
+            vstore(e + i, v0);
+            vstore(e + i + W, v1);
+            a0 = SQ ? vfma(v0, v0, a0) : a0 + v0;
+            a1 = SQ ? vfma(v1, v1, a1) : a1 + v1;
         }
+        for (; i < end; i += W) {
+            const int64_t k = end - i < W ? end - i : W;
+            const V v = round_to<T>(ld(x + i, k) + ld(r + i, k));  // padded lanes: 0 + 0
+            st(e + i, v, k);
+            a0 = SQ ? vfma(v, v, a0) : a0 + v;
+        }
+        i = end;
+        acc += (double)hsum(a0 + a1);
+    }
+    return acc;
+}
+
+// y = e * rs * w (rms) or (e - mean) * rs * w (+ b) (layer), then res_out = e; the next
+// row's x is prefetched during the first write, its residual during the second.
+template <class T>
+inline void add_norm_write(const float* e, const float* w, const float* b, T* yr, T* orow, int64_t n, float mean,
+                           float rs, bool layer, bool nt, Prefetch pfx, Prefetch pfr) {
+    if (layer) {
+        ln_write(e, w, b, yr, n, mean, rs, nt, pfx);
+    } else {
+        const V vrs = vset(rs);
+        write_row(
+            yr, n, nt, [&](int64_t i) { return vload(e + i) * vrs * vload(w + i); },
+            [&](int64_t i, int64_t k) { return vload_part(e + i, k, 0.f) * vrs * vload_part(w + i, k, 0.f); }, pfx);
+    }
+    write_row(
+        orow, n, nt, [&](int64_t i) { return vload(e + i); }, [&](int64_t i, int64_t k) { return vload_part(e + i, k, 0.f); },
+        pfr);
+}
+
+// Row by row: x + r from memory into the scratch row (with its statistics), then both outputs
+// from it. y may be x and res_out may be r (the same arrays, vLLM's in-place form): each row
+// of the inputs is read before that row of the outputs is written.
+template <class T>
+void add_rms_norm_k(const void* xv, const void* rv, const float* w, void* yv, void* ov, int64_t rows, int64_t n,
+                    float eps, float* e, bool nt) {
+    const T* x = (const T*)xv;
+    const T* rr = (const T*)rv;
+    T* y = (T*)yv;
+    T* o = (T*)ov;
+    for (int64_t r = 0; r < rows; ++r) {
+        const T *xr = x + r * n, *rrow = rr + r * n;
+        const float rs = rsqrt_of(add_into<T, true>(xr, rrow, e, n), n, eps);
+        const bool more = r + 1 < rows;
+        add_norm_write(e, w, nullptr, y + r * n, o + r * n, n, 0.f, rs, false, nt, next_row(xr, n, more, n),
+                       next_row(rrow, n, more, n));
+    }
+    if (nt) stream_fence();
+}
+
+template <class T>
+void add_layer_norm_k(const void* xv, const void* rv, const float* w, const float* b, void* yv, void* ov,
+                      int64_t rows, int64_t n, float eps, float* e, bool nt) {
+    const T* x = (const T*)xv;
+    const T* rr = (const T*)rv;
+    T* y = (T*)yv;
+    T* o = (T*)ov;
+    for (int64_t r = 0; r < rows; ++r) {
+        const T *xr = x + r * n, *rrow = rr + r * n;
+        const bool more = r + 1 < rows;
+        const float mean = (float)(add_into<T, false>(xr, rrow, e, n) / (double)n);
+        const double var = row_sumsq_centered(e, n, mean) / (double)n;
+        if (!std::isfinite(var) || !std::isfinite(mean)) {  // as in layer_norm_k
+            layer_norm_row_f64(e, w, b, y + r * n, n, eps, nullptr, nullptr);
+            write_row(
+                o + r * n, n, nt, [&](int64_t i) { return vload(e + i); },
+                [&](int64_t i, int64_t k) { return vload_part(e + i, k, 0.f); });
+            continue;
+        }
+        add_norm_write(e, w, b, y + r * n, o + r * n, n, mean, (float)(1.0 / std::sqrt(var + (double)eps)), true, nt,
+                       next_row(xr, n, more, n), next_row(rrow, n, more, n));
     }
     if (nt) stream_fence();
 }
@@ -199,6 +298,12 @@ void fill_norm(KernelTable& t) {
     t.layer_norm[DT_F32] = layer_norm_k<float>;
     t.layer_norm[DT_F16] = layer_norm_k<f16>;
     t.layer_norm[DT_BF16] = layer_norm_k<bf16>;
+    t.add_rms_norm[DT_F32] = add_rms_norm_k<float>;
+    t.add_rms_norm[DT_F16] = add_rms_norm_k<f16>;
+    t.add_rms_norm[DT_BF16] = add_rms_norm_k<bf16>;
+    t.add_layer_norm[DT_F32] = add_layer_norm_k<float>;
+    t.add_layer_norm[DT_F16] = add_layer_norm_k<f16>;
+    t.add_layer_norm[DT_BF16] = add_layer_norm_k<bf16>;
     t.rms_norm_bwd[DT_F32] = rms_norm_bwd_k<float>;
     t.rms_norm_bwd[DT_F16] = rms_norm_bwd_k<f16>;
     t.rms_norm_bwd[DT_BF16] = rms_norm_bwd_k<bf16>;

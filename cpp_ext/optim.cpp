@@ -64,6 +64,15 @@ void from_f32_k(const float* in, void* ov, int64_t n) {
     }
 }
 
+template <class T>
+void to_f32_k(const void* iv, float* out, int64_t n) {
+    const T* in = (const T*)iv;
+    for (int64_t i = 0; i < n; i += W) {
+        const int64_t k = n - i < W ? n - i : W;
+        st(out + i, ld(in + i, k), k);
+    }
+}
+
 template <class TG>
 void fill_g(KernelTable& t, int dg) {
     t.adam[dg][DT_F32] = adam_k<TG, float>;
@@ -74,6 +83,7 @@ void fill_g(KernelTable& t, int dg) {
     t.scale[dg][DT_BF16] = scale_k<TG, bf16>;
     t.sumsq[dg] = sumsq_k<TG>;
     t.from_f32[dg] = from_f32_k<TG>;
+    t.to_f32[dg] = to_f32_k<TG>;
 }
 
 }  // namespace

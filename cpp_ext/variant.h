@@ -70,9 +70,10 @@ inline double row_sum(const T* x, int64_t n) {
     return acc;
 }
 
-// Sum of (x - c)^2 (two-pass variance: no cancellation, unlike E[x^2] - E[x]^2).
+// Sum of (x - c)^2 (two-pass variance: no cancellation, unlike E[x^2] - E[x]^2). pf: a
+// prefetch of the next row (simd.h) stepped once per two vectors, when given.
 template <class T>
-inline double row_sumsq_centered(const T* x, int64_t n, float c) {
+inline double row_sumsq_centered(const T* x, int64_t n, float c, Prefetch* pf = nullptr) {
     const V vc = vset(c);
     double acc = 0.0;
     int64_t i = 0;
@@ -80,6 +81,7 @@ inline double row_sumsq_centered(const T* x, int64_t n, float c) {
         const int64_t e = (n - i > 1024) ? i + 1024 : n;
         V a0 = vset(0.0f), a1 = vset(0.0f);
         for (; i + 2 * W <= e; i += 2 * W) {
+            if (pf) (*pf)();
             V v0 = vload(x + i) - vc, v1 = vload(x + i + W) - vc;
             a0 = vfma(v0, v0, a0);
             a1 = vfma(v1, v1, a1);

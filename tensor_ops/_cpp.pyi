@@ -60,6 +60,15 @@ def layer_norm(x: _Arr, weight: _Arr, bias: Optional[_Arr], eps: float, out: Opt
                mu: Optional[_Arr] = None, rsigma: Optional[_Arr] = None,
                zero_centered_gamma: bool = False, dtype: _BF16 = None) -> _Arr:
     """y = (x - mu) * rsigma * weight + bias (biased variance); mu/rsigma float32 per row."""
+def add_rms_norm(x: _Arr, residual: _Arr, weight: _Arr, eps: float, out: Optional[_Arr] = None,
+                 residual_out: Optional[_Arr] = None, *, dtype: _BF16 = None) -> tuple[_Arr, _Arr]:
+    """(rms_norm(s, weight, eps), s) with s = x + residual rounded to x's dtype, in one pass.
+    out may be x and residual_out may be residual (the same arrays: vLLM's in-place form);
+    any other overlap is a ValueError."""
+def add_layer_norm(x: _Arr, residual: _Arr, weight: _Arr, bias: Optional[_Arr], eps: float,
+                   out: Optional[_Arr] = None, residual_out: Optional[_Arr] = None, *,
+                   dtype: _BF16 = None) -> tuple[_Arr, _Arr]:
+    """(layer_norm(s, weight, bias, eps), s) with s = x + residual, like add_rms_norm."""
 def softmax(x: _Arr, out: Optional[_Arr] = None, *, dtype: _BF16 = None) -> _Arr: ...
 def silu(x: _Arr, out: Optional[_Arr] = None, *, dtype: _BF16 = None) -> _Arr: ...
 def relu(x: _Arr, out: Optional[_Arr] = None, *, dtype: _BF16 = None) -> _Arr: ...
