@@ -69,7 +69,7 @@ def _first_tensor(args):
 
 
 def _on_device(t) -> bool:
-    return t.is_cuda
+    return t.device.type == "cuda"
 
 
 def supports(*args) -> bool:

@@ -44,6 +44,9 @@ FUNCTIONS = {
         "te_general_grouped_gemm_for_grouped_tensor", "te_general_grouped_gemm_for_discrete_in",
         "te_general_grouped_gemm_for_discrete_out", "fused_topk_with_score_function_qb_fwd",
         "multi_tensor_transpose_to_bhsd", "multi_tensor_pad_last_dim", "bulk_allocate")},
+    "multi_tensor_adam_param_remainder": ("FusedAdam(store_param_remainders=True) (bf16 params + int16 remainders) "
+                                          "is not implemented by tensor_ops.tex; use master_weights=True or "
+                                          "store_param_remainders=False"),
     **{n: _SCALED for n in ("scaled_swiglu", "scaled_dswiglu", "scaled_situglu", "scaled_dsituglu",
                             "scaled_clamped_swiglu", "scaled_clamped_dswiglu", "scaled_srelu", "scaled_dsrelu",
                             "situglu", "dsituglu")},
