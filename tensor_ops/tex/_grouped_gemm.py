@@ -85,8 +85,10 @@ def te_general_grouped_gemm(*args):
             if D[i].numel() != r * c or not D[i].is_contiguous():
                 raise ValueError(f"tex.{op}: D[{i}] has shape {tuple(D[i].shape)}, expected a contiguous ({r}, {c})")
     for i, (r, c) in enumerate(shapes):
-        if bias[i].numel() and bias[i].numel() != c and not (grad and bias[i].numel() == c):
-            raise ValueError(f"tex.{op}: bias[{i}] has {bias[i].numel()} elements, expected {c}")
+        want_b = B[i].shape[-1] if grad else c      # grad: the bias gradient is B's column sums
+        if bias[i].numel() and bias[i].numel() != want_b:
+            raise ValueError(f"tex.{op}: bias[{i}] has {bias[i].numel()} elements, expected {want_b} "
+                             f"({'B[i] last dim, grad=True' if grad else 'the output width'})")
         if pre_gelu_out[i].numel() and pre_gelu_out[i].numel() != r * c:
             raise ValueError(f"tex.{op}: pre_gelu_out[{i}] has {pre_gelu_out[i].numel()} elements, expected {r * c}")
     return call(op, (A, transa, B, transb, D, otype, list(m_splits or []), bias, bias_type, single_output,

@@ -67,16 +67,21 @@ def _check(op, args):
     return (x, freqs, start_positions, fmt, bool(interleaved), cu_seqlens, cp_size, cp_rank)
 
 
+def _contiguous(out):
+    # upstream allocates its output: contiguous whatever the input's strides (TE's tests assert it)
+    return out.contiguous() if isinstance(out, torch.Tensor) else out
+
+
 def fused_rope_forward(*args):
     """``fused_rope_forward(input, freqs, start_positions, qkv_format, interleaved, cu_seqlens, cp_size, cp_rank)``
     → a new contiguous tensor (upstream allocates it), whatever the input's strides."""
-    return call("fused_rope_forward", _check("fused_rope_forward", args)).contiguous()
+    return _contiguous(call("fused_rope_forward", _check("fused_rope_forward", args)))
 
 
 def fused_rope_backward(*args):
     """``fused_rope_backward(output_grads, freqs, start_positions, qkv_format, interleaved, cu_seqlens, cp_size,
     cp_rank)`` → a new contiguous tensor; TE v2.9's 7-argument form (no start_positions) is accepted too."""
-    return call("fused_rope_backward", _check("fused_rope_backward", args)).contiguous()
+    return _contiguous(call("fused_rope_backward", _check("fused_rope_backward", args)))
 
 
 def _check_qkv_common(op, q_freqs, k_freqs, split, qkv_format, cp_size, cp_rank, dev):
@@ -168,7 +173,7 @@ def fused_qkv_rope_backward(*args):
                              f"qkv_split_arg_list {split} and {h} groups")
         if g.dtype != gq.dtype:
             raise TypeError(f"tex.{op}: {name} has dtype {g.dtype}, q_grad_out {gq.dtype}; pass one dtype")
-    return call(op, (gq, gk, gv, qf, kf, split, fmt, bool(interleaved), cp_size, cp_rank)).contiguous()
+    return _contiguous(call(op, (gq, gk, gv, qf, kf, split, fmt, bool(interleaved), cp_size, cp_rank)))
 
 
 # ---------------------------------------------------------------- reference.torch
