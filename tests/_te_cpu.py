@@ -17,7 +17,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 #: why the real-client tests skip when TE's Python layer cannot be imported here
-TE_PIN = "transformer-engine==2.20.2"
+PINNED_TE = "transformer-engine==2.20.2"
 INSTALL = 'pip install -e ".[te]"'
 
 
