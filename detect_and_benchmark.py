@@ -1,17 +1,25 @@
 """One-shot: detect → build → validate → benchmark → tune → write backend.json → report.
 
-    python detect_and_benchmark.py              # everything (< 10 minutes on a laptop-class CPU)
-    python detect_and_benchmark.py --quick      # a few sizes, short timings (CI; < 1 minute)
+    python detect_and_benchmark.py              # everything (<= 5 minutes on a 2-core VM)
+    python detect_and_benchmark.py --quick      # 3 sizes, short timings (CI; < 1 minute)
+    python detect_and_benchmark.py --full       # every size up to 4x the cache, every row at every size
     python detect_and_benchmark.py --no-build --no-write --ops rms_norm,softmax --backends cpp
 
 1. Detect: ``tensor_ops/_build/capabilities.py`` (loaded by path, like setup.py), shown as a table.
-2. Build: ``setup.py build_ext --inplace``, ``build_cuda`` (where nvcc exists), ``build_opencl``
-   (where an OpenCL device exists), each as a subprocess, reported ok / skipped (why) / failed
-   (why + the tail of its log, the full log under bench_results/). The run goes on with what
-   works; ``--strict`` stops at the first failure.
+2. Build: ``setup.py build_ext --inplace``, ``build_cuda`` (where nvcc and a CUDA device exist),
+   ``build_opencl`` (where an OpenCL device exists), each as a subprocess, reported ok /
+   up to date / skipped (why) / failed (why + the tail of its log, the full log under
+   bench_results/). A step whose output is newer than its sources is not re-run (the C++
+   extension: ``tensor_ops/_cpp*.so`` vs ``cpp_ext/``, ``setup.py``, ``_build/cpp_build.py``;
+   the CUDA fatbin: the source hash in its ``.json`` record); ``--rebuild`` runs them anyway.
+   The run goes on with what works; ``--strict`` stops at the first failure.
 3-6. Validate every available impl against an fp64 reference (failing ones are excluded from the
-   tuned orders, with the reason), benchmark against a 2-thread copy, tune, write ``tuning``
-   into backend.json (user settings kept), report: table, PNG + JSON, who serves each op now.
+   tuned orders, with the reason), benchmark against the ceiling (a streaming-store copy of each
+   op's own pages, timed in the same interleaved rounds), tune, write ``tuning`` into
+   backend.json (user settings kept), report: table, PNG + JSON, who serves each op now.
+   The size ladder stops once the leading impl's bandwidth has converged past the last-level
+   cache (arrays <= 256 MiB); NumPy and torch rows are sampled at 3 sizes. Progress with an
+   ETA: a bar on a terminal, ``[3/20] softmax float32 … eta 1m20s`` lines otherwise.
    (``tensor_ops/_bench_cli.py``; the same engine is ``python -m tensor_ops bench``.)
 
 Exit code: 0 when everything built and validated, 1 when something failed (a build, a
@@ -22,8 +30,10 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import os
+import json
 import subprocess
 import sys
+import sysconfig
 import time
 from pathlib import Path
 
@@ -54,6 +64,7 @@ def parse_args(argv=None):
     p.add_argument("--no-write", action="store_true", help="do not write the tuning table into backend.json")
     p.add_argument("--strict", action="store_true", help="any failure (build, numerics) is fatal")
     p.add_argument("--build-timeout", type=float, default=480, help="seconds per build step (default 480)")
+    p.add_argument("--rebuild", action="store_true", help="run every build step even when its output is up to date")
     sys.path.insert(0, str(ROOT))
     from tensor_ops._bench_cli import add_arguments   # argparse glue only; no native code loads
     add_arguments(p, write_flag=False)
@@ -67,12 +78,39 @@ def build_plan(detected: dict) -> list[tuple[str, list, str]]:
     comp = detected.get("compilers", {})
     have_cxx = any((comp.get(c) or {}).get("path") for c in ("g++", "clang++")) or bool(os.environ.get("CXX"))
     nvcc = (comp.get("nvcc") or {}).get("path")
-    cl = detected.get("opencl", {})
+    cu, cl = detected.get("cuda", {}), detected.get("opencl", {})
+    no_gpu = "" if cu.get("available") else (f"no CUDA device visible ({cu.get('reason')}): nothing here would use "
+                                             "the fatbin (`python setup.py build_cuda` builds it anyway)")
     return [
         ("cpp", py + ["build_ext", "--inplace"], "" if have_cxx else "no C++ compiler (g++/clang++) on PATH"),
-        ("cuda", py + ["build_cuda"], "" if nvcc else "nvcc not found on PATH"),
+        ("cuda", py + ["build_cuda"], "nvcc not found on PATH" if not nvcc else no_gpu),
         ("opencl", py + ["build_opencl"], "" if cl.get("available") else f"no OpenCL device: {cl.get('reason')}"),
     ]
+
+
+def up_to_date(name: str) -> str:
+    """Why build step ``name`` need not run (its output is newer than its sources), or ''."""
+    if name == "cpp":
+        switches = [k for k in ("TENSOR_OPS_CPP_SANITIZE", "TENSOR_OPS_CPP_VARIANTS", "TENSOR_OPS_SKIP_CPP")
+                    if os.environ.get(k)]
+        so = ROOT / "tensor_ops" / ("_cpp" + (sysconfig.get_config_var("EXT_SUFFIX") or ".so"))
+        if switches or not so.is_file():
+            return ""
+        inputs = [*(ROOT / "cpp_ext").glob("*.cpp"), *(ROOT / "cpp_ext").glob("*.h"), ROOT / "setup.py",
+                  ROOT / "tensor_ops" / "_build" / "cpp_build.py"]
+        newest = max((p.stat().st_mtime for p in inputs if p.is_file()), default=0)
+        if so.stat().st_mtime >= newest:
+            return f"tensor_ops/{so.name} is newer than cpp_ext/, setup.py and _build/cpp_build.py"
+    if name == "cuda":
+        side = ROOT / "tensor_ops" / "_cuda_kernels.fatbin.json"
+        try:
+            rec = json.loads(side.read_text())
+            if (ROOT / "tensor_ops" / "_cuda_kernels.fatbin").is_file() and \
+                    rec.get("sources_sha256") == _load_build_module("cuda_build").sources_digest():
+                return f"tensor_ops/_cuda_kernels.fatbin matches the sources ({side.name})"
+        except (OSError, ValueError, RuntimeError):
+            pass
+    return ""
 
 
 def run_build(name: str, cmd: list, skip: str, log_dir: Path, timeout: float, console) -> dict:
@@ -82,6 +120,8 @@ def run_build(name: str, cmd: list, skip: str, log_dir: Path, timeout: float, co
     log_dir.mkdir(parents=True, exist_ok=True)
     log = log_dir / f"build_{name}.log"
     t0 = time.perf_counter()
+    if console is None or not console.is_terminal:
+        _say(console, f"building {name}: python {rec['command']} …")
     status = console.status(f"building {name}: python {rec['command']}") if console is not None else None
     if status is not None:
         status.start()
@@ -138,6 +178,12 @@ def main(argv=None) -> int:
         _say(console, "skipped (--no-build)")
     else:
         for name, cmd, skip in build_plan(detected):
+            fresh = "" if (skip or args.rebuild) else up_to_date(name)
+            if fresh:
+                builds.append({"name": name, "command": " ".join(cmd[1:]), "status": "up to date", "reason": fresh,
+                               "seconds": 0.0})
+                _say(console, f"{name:<7} {'current':<8} {0.0:6.1f}s  up to date: {fresh} (--rebuild to build anyway)")
+                continue
             rec = run_build(name, cmd, skip, out_dir, args.build_timeout, console)
             builds.append(rec)
             line = f"{name:<7} {rec['status']:<8} {rec['seconds']:6.1f}s  {rec['reason'] or rec['command']}"
@@ -175,6 +221,8 @@ def main(argv=None) -> int:
     summary = ", ".join(f"{b['name']} {b['status']}" for b in builds) or "no build"
     _say(console, f"\nbuild: {summary}; numerics: {'FAILURES (see EXCLUDED above)' if failed_numerics else 'all ok'}; "
                   f"total {payload['timing_s']['all']:.0f}s")
+    _say(console, f"ceiling: {payload.get('ceiling')}" + (f", {payload['ceiling_gbps_largest']:.1f} GB/s at the "
+                                                          f"largest size" if payload.get("ceiling_gbps_largest") else ""))
     if payload.get("busy_note"):
         _say(console, "WARNING: " + payload["busy_note"])
     return 1 if (failed_builds or failed_numerics or "error" in payload.get("written", {})) else 0

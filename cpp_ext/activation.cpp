@@ -1,5 +1,5 @@
 // activation.cpp: silu, relu, gelu (erf / tanh) and the gated swiglu / geglu
-// (compiled once per ISA variant). Elementwise kernels see a flat range; module.cpp
+// (compiled once per ISA variant). Elementwise kernels see a flat range; bind_facade.cpp
 // splits it in chunks across threads, so one long row is parallel too.
 #include "vmath.h"
 #include "variant.h"

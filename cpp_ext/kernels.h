@@ -1,8 +1,9 @@
-// kernels.h: the ISA-independent kernel table shared by module.cpp and every variant.
+// kernels.h: the ISA-independent kernel table shared by the bindings and every variant.
 //
 // Each variant (scalar, avx2, avx512) fills one KernelTable with pointers to its own
-// instantiations; module.cpp picks a table at import. Kernels are single-threaded over
-// the range they are given; module.cpp splits rows (or flat chunks) across OpenMP threads.
+// instantiations; runtime.cpp picks a table at import. Kernels are single-threaded over
+// the range they are given; the bind_*.cpp files split rows (or flat chunks) across
+// OpenMP threads (runtime.h).
 // Array arguments are raw pointers to C-contiguous data of dtype index [DT_*].
 #pragma once
 #include <cstdint>
@@ -49,6 +50,9 @@ struct KernelTable {
     int (*scale[DT_COUNT][DT_COUNT])(const void* in, void* out, int64_t n, float s);
     double (*sumsq[DT_COUNT])(const void* x, int64_t n);
     void (*from_f32[DT_COUNT])(const float* in, void* out, int64_t n);
+    // dst[0, n) = src[0, n) (bytes) with non-temporal stores where the ISA has them, then a
+    // store fence (common.cpp). Any alignment; the ranges must not overlap.
+    void (*stream_copy)(const void* src, void* dst, int64_t nbytes);
 };
 
 // One per compiled variant (defined only if that variant was built).

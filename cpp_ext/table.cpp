@@ -19,6 +19,7 @@ KernelTable make() {
     fill_activation(t);
     fill_rope(t);
     fill_optim(t);
+    fill_common(t);
     return t;
 }
 }  // namespace

@@ -13,6 +13,7 @@ void fill_softmax(KernelTable& t);
 void fill_activation(KernelTable& t);
 void fill_rope(KernelTable& t);
 void fill_optim(KernelTable& t);
+void fill_common(KernelTable& t);
 
 namespace {
 

@@ -7,7 +7,8 @@ native piece is missing; backends are probed lazily, the first time an order rea
 """
 from __future__ import annotations
 
-from ._errors import BackendError, BackendFallbackWarning, BackendUnavailableError, ConfigError
+from ._errors import (BackendError, BackendFallbackWarning, BackendUnavailableError, BackendUnsupportedError,
+                      ConfigError)
 from ._facade import gelu, geglu, layer_norm, matmul, relu, rms_norm, rope, silu, softmax, swiglu
 from ._global import get_backend, get_manager, get_registry, reload_config, set_backend, use_backend
 from ._info import format_info, get_backend_info, get_cpp_info, get_cuda_info, get_numpy_info, get_opencl_info
@@ -21,6 +22,6 @@ __all__ = [
     "get_registry", "get_manager", "format_info",
     "get_numpy_info", "get_cpp_info", "get_opencl_info", "get_cuda_info",
     "OpImpl", "OpRegistry", "OpManager", "BackendImplKind",
-    "BackendError", "BackendUnavailableError", "BackendFallbackWarning", "ConfigError",
+    "BackendError", "BackendUnavailableError", "BackendUnsupportedError", "BackendFallbackWarning", "ConfigError",
     "__version__",
 ]

@@ -40,7 +40,8 @@ def main(argv=None) -> int:
     sub = p.add_subparsers(dest="cmd", required=True)
     pi = sub.add_parser("info", help="explain which backend serves each op and why")
     pi.add_argument("--json", action="store_true", help="print get_backend_info() as JSON")
-    pb = sub.add_parser("bench", help="benchmark ops × backends against a 2-thread memory copy")
+    pb = sub.add_parser("bench", help="benchmark ops × backends against the ceiling (a streaming copy of each "
+                                      "op's own pages, timed in the same rounds)")
     try:
         from ._bench_cli import add_arguments
         add_arguments(pb)

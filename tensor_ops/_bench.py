@@ -1,43 +1,52 @@
-"""The benchmark engine behind ``detect_and_benchmark.py`` and ``python -m tensor_ops bench``.
+"""The one benchmark engine: ``detect_and_benchmark.py``, ``python -m tensor_ops bench`` and
+every ``benchmarks/*.py`` preset time through it, with one timer and one statistic.
 
-Three steps, each a plain function returning plain data (JSON-ready):
+- :func:`time_rounds`, the timer: the rows of one case (impls, baselines and the ceiling
+  copy) are called in interleaved rounds, one call each per round, the order rotating, so a
+  burst of load from other processes hits them alike.
+- The statistic (:func:`stats`): per row the median time, and every ratio as the **median
+  of per-round ratios** (row time / ceiling time in the same round, and so on), which a load
+  burst on a shared VM moves far less than a ratio of two medians.
+- The ceiling (:func:`ceiling_copy`): a streaming-store copy of the op's own input pages
+  (``tensor_ops._cpp.stream_copy``) moving the op's bytes, timed in the same rounds; without
+  it a memcpy split over the same threads, labelled as such (glibc's memcpy does not stream
+  at these sizes, so kernels with streaming stores can beat it).
+- :func:`benchmark`: op × dtype × a ladder of sizes that grows until the leading impl's
+  bandwidth has converged past the last-level cache (or the 256 MiB-per-array cap); the NumPy
+  reference and the baselines are sampled at the smallest, a middle and the largest size up to
+  64 MiB per array.
 
-- :func:`validate`: every available impl of every facade op × float32/float16 × small odd
-  shapes, forced with ``backend="impl:<impl_id>"`` in strict mode, compared with an fp64
-  reference; the manager's ``by_impl`` counters prove which impl served.
-- :func:`copy_bandwidth`: a memory copy split over 2 threads (NumPy releases the GIL), the
-  roofline every op is compared with.
-- :func:`benchmark`: op × impl × dtype × a ladder of sizes up to a working set of at least
-  4× the last-level cache; warm-up, then the median of repeats, the impls of one size timed
-  interleaved (one call each per round) so load bursts hit them alike. Bytes moved = read + write of
-  the big tensors (x, out, and for rope the cos/sin tables); the op gets ``out=`` so page
-  faults of a fresh allocation are not timed. Torch eager rows are added where torch imports.
+The cases, the fp64 oracle and the baselines are in ``_bench_cases.py``, the ceiling copy in
+``_bench_ceiling.py``, validation and the impl list in ``_bench_impls.py``.
 """
 from __future__ import annotations
 
-import contextlib
-import math
 import os
 import time
-import zlib
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Callable, Optional
 
 import numpy as np
 
-from . import _facade, _global
-from ._ops import BUILTIN_BACKENDS
+from ._bench_cases import (ALIASES, COLS, HEAD_DIM, REDUCTIONS, TOL, VALIDATION_SHAPES, VARIANTS,  # noqa: F401
+                           Case, bench_case, make_case, numpy_formula, reference, split_name, torch_compiled,
+                           torch_eager)
+from ._bench_ceiling import MEMCPY_MISSING, ceiling_copy, copy_threads, stream_copy_fn  # noqa: F401
+from ._bench_impls import (ImplRef, facade_impls, host_copies_allowed, impl_token, run_forced,  # noqa: F401
+                           settings_override, strict_mode, validate)
+from ._tune import _human
 
 BENCH_OPS = ("rms_norm", "layer_norm", "softmax", "silu", "gelu", "relu", "swiglu", "geglu", "rope", "matmul")
 DTYPES = ("float32", "float16")
-COLS = 4096                       # feature width of the ladder: (rows, 4096)
-HEAD_DIM = 128                    # rope runs on (heads, T, 128): LLM shapes, same element count
-TOL = {"float64": (1e-12, 1e-12), "float32": (1.3e-6, 1e-5), "float16": (1e-3, 2e-3)}
-REDUCTIONS = ("rms_norm", "layer_norm", "softmax")
-MATMUL_SIDES = {"quick": (64, 256), "full": (64, 256, 1024)}
+MATMUL_SIDES = {"quick": (64, 256), "default": (64, 256, 1024), "full": (64, 256, 1024)}
+CAP_BYTES = 256 << 20             # no array of the ladder is larger, whatever the cache reports
+REF_CAP_BYTES = 64 << 20          # the sampled NumPy / torch rows stop here (NumPy fp16 takes s per call)
+CONVERGED = 0.05                  # two sizes past the cache within 5 %: the ladder stops
+NOISE = 1.25                      # a reference impl this close to the leader is still swept
+BASELINES = ("numpy formula", "torch", "torch.compile")
 
 
+# ----------------------------------------------------------------------------- machine
 def llc_bytes() -> tuple[int, str]:
     """(size of the last-level cache, where it was read); 32 MiB assumed if unknown."""
     best = (0, 0)
@@ -51,8 +60,7 @@ def llc_bytes() -> tuple[int, str]:
             with open(f"{base}/{d}/size") as fh:
                 s = fh.read().strip()
             mult = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}.get(s[-1:].upper(), 1)
-            size = int(s.rstrip("KMGkmg")) * mult
-            best = max(best, (level, size))
+            best = max(best, (level, int(s.rstrip("KMGkmg")) * mult))
     except (OSError, ValueError):
         pass
     if best[1]:
@@ -64,8 +72,7 @@ def cpu_pressure() -> Optional[float]:
     """Linux PSI: % of the last 10 s in which some task waited for a CPU (None if unknown).
 
     High values mean other processes compete for the cores; multi-threaded backends (OpenMP,
-    PoCL, torch) then lose whole time slices at every barrier and their timings are not the
-    machine's."""
+    PoCL, torch) then lose whole time slices at every barrier."""
     try:
         with open("/proc/pressure/cpu") as fh:
             for line in fh:
@@ -76,536 +83,366 @@ def cpu_pressure() -> Optional[float]:
     return None
 
 
-def row_ladder(dtype: str, llc: int, quick: bool) -> list[int]:
-    """Rows of (rows, 4096): powers of 4 from 1 until x + out ≥ 4 × LLC."""
-    if quick:
+# ----------------------------------------------------------------------------- ladder
+def row_ladder(dtype: str, llc: int, mode: str = "default", cols: int = COLS) -> list[int]:
+    """Rows of (rows, cols) to measure.
+
+    ``quick``: 1, 32, 512. ``full``: powers of 4 until x + out >= 4 x LLC (uncapped, as
+    before the adaptive ladder).
+    ``default``: the candidates the adaptive sweep walks: powers of 4 while x is smaller than
+    the LLC, then doubling, up to the cap (x <= 256 MiB); :func:`converged` stops it earlier."""
+    if mode == "quick":
         return [1, 32, 512]
-    item = np.dtype(dtype).itemsize
-    target = 4 * llc
+    row_bytes = cols * np.dtype(dtype).itemsize
     rows, out = 1, []
-    while True:
+    if mode == "full":
+        target = 4 * llc
+        while True:
+            out.append(rows)
+            if 2 * rows * row_bytes >= target:
+                return out
+            nxt = rows * 4
+            if 2 * nxt * row_bytes > target:       # last step: just reach the target
+                nxt = max(rows + 1, -(-target // (2 * row_bytes)))
+            rows = nxt
+    cap = max(1, CAP_BYTES // row_bytes)
+    while rows < cap:
         out.append(rows)
-        if 2 * rows * COLS * item >= target:
-            return out
-        nxt = rows * 4
-        if 2 * nxt * COLS * item > target:       # last step: just reach the target
-            nxt = max(rows + 1, -(-target // (2 * COLS * item)))
-        rows = nxt
+        rows *= 2 if rows * row_bytes >= llc else 4
+    return out + [cap]
 
 
-# ----------------------------------------------------------------------------- fp64 reference
-def _f64(a):
-    return np.asarray(a, dtype=np.float64)
+def _leader(rows: list) -> Optional[dict]:
+    live = [r for r in rows if r["kind"] == "impl" and r.get("median_s")]
+    return min(live, key=lambda r: r["median_s"]) if live else None
 
 
-def _erf(x):
-    try:
-        from scipy.special import erf
-        return erf(x)
-    except ImportError:  # scipy is a dependency; keep a correct slow path anyway
-        return np.vectorize(math.erf, otypes=[np.float64])(x)
+def converged(prev: list, cur: list, llc: int, tol: float = CONVERGED) -> str:
+    """Why the ladder may stop after ``cur`` (rows of one size; ``prev`` those of the size
+    before), or ''. Both sizes must be past the cache (x >= LLC) and the leading impl's GB/s
+    within ``tol`` of its figure at the size before, or its × ceiling within ``tol``: the
+    form a load burst on a shared machine cannot fake, since it hits the copy alike."""
+    lead = _leader(cur)
+    if lead is None or not prev or min(prev[0]["nbytes"], lead["nbytes"]) < llc:
+        return ""
+    p = next((r for r in prev if r["col"] == lead["col"] and r.get("median_s")), None)
+    if p is None:
+        return ""
+    dg = abs(lead["gbps"] / p["gbps"] - 1)
+    dc = abs(lead["x_ceiling"] / p["x_ceiling"] - 1) if lead.get("x_ceiling") and p.get("x_ceiling") else 1.0
+    if min(dg, dc) > tol:
+        return ""
+    xc = f", × ceiling {p['x_ceiling']:.2f} -> {lead['x_ceiling']:.2f}" if dc < 1.0 else ""
+    return (f"converged past the cache: {lead['col']} {p['gbps']:.1f} -> {lead['gbps']:.1f} GB/s{xc} "
+            f"({p['shape']} -> {lead['shape']})")
 
 
-def _gelu64(x, approximate):
-    if approximate == "tanh":
-        return 0.5 * x * (1 + np.tanh(math.sqrt(2 / math.pi) * (x + 0.044715 * x ** 3)))
-    return 0.5 * x * (1 + _erf(x / math.sqrt(2)))
-
-
-def reference(op: str, x, *args, **kw):
-    """The op from its definition in float64 (independent of every backend)."""
-    x = _f64(x)
-    if op == "rms_norm":
-        w, eps = _f64(args[0]), args[1]
-        return x / np.sqrt(np.mean(x * x, -1, keepdims=True) + eps) * w
-    if op == "layer_norm":
-        w, b, eps = _f64(args[0]), args[1], args[2]
-        mu = x.mean(-1, keepdims=True)
-        y = (x - mu) / np.sqrt(((x - mu) ** 2).mean(-1, keepdims=True) + eps) * w
-        return y if b is None else y + _f64(b)
-    if op == "softmax":
-        e = np.exp(x - x.max(-1, keepdims=True))
-        return e / e.sum(-1, keepdims=True)
-    if op == "silu":
-        return x / (1 + np.exp(-x))
-    if op == "relu":
-        return np.maximum(x, 0)
-    if op == "gelu":
-        return _gelu64(x, args[0])
-    h = x.shape[-1] // 2
-    if op == "swiglu":
-        return x[..., :h] / (1 + np.exp(-x[..., :h])) * x[..., h:]
-    if op == "geglu":
-        return _gelu64(x[..., :h], args[0]) * x[..., h:]
-    if op == "rope":
-        c, s, inter = _f64(args[0]), _f64(args[1]), args[2]    # (T, n/2) angles
-        y = np.empty_like(x)
-        a, b = (x[..., 0::2], x[..., 1::2]) if inter else (x[..., :h], x[..., h:])
-        ya, yb = a * c - b * s, b * c + a * s
-        if inter:
-            y[..., 0::2], y[..., 1::2] = ya, yb
-        else:
-            y[..., :h], y[..., h:] = ya, yb
-        return y
-    if op == "matmul":
-        return x @ _f64(args[0])
-    raise KeyError(op)
-
-
-# ----------------------------------------------------------------------------- cases
+# ----------------------------------------------------------------------------- the timer
 @dataclass
-class Case:
-    """One op call: inputs, the output shape, bytes moved and the resolver's nbytes."""
+class Timing:
+    """Seconds per round of one row (None where it did not run), and its error if any."""
 
-    op: str
-    variant: str
-    dtype: str
-    x: np.ndarray
-    args: tuple
-    out_shape: tuple
-    bytes_moved: int
-    nbytes: int
-    shape_label: str
-    ref_args: tuple = ()
+    samples: list = field(default_factory=list)
+    error: str = ""
 
-    def run(self, backend: Optional[str], out=None):
-        return getattr(_facade, self.op)(self.x, *self.args, out=out, backend=backend)
-
-    def expected(self):
-        return reference(self.op, self.x, *(self.ref_args or self.args))
-
-    def tolerance(self) -> tuple[float, float]:
-        rtol, atol = TOL[self.dtype]
-        if self.op in REDUCTIONS:
-            atol *= max(1.0, math.sqrt(self.x.shape[-1]) / 8)
-        if self.op == "matmul":
-            atol *= math.sqrt(self.x.shape[-1])
-            rtol *= 4
-        return rtol, atol
+    @property
+    def times(self) -> list:
+        return [s for s in self.samples if s is not None]
 
 
-def make_case(op: str, dtype: str, shape, variant: str = "", seed: int = 0) -> Case:
-    """Inputs for ``op`` with x of ``shape`` (for rope: (..., T, n); for matmul: (m, k))."""
-    rng = np.random.default_rng(seed)
-    dt = np.dtype(dtype)
-    shape = tuple(shape)
-    x = (rng.standard_normal(shape) * 2).astype(dt)
-    n = shape[-1]
-    label = "x".join(map(str, shape))
-    args: tuple = ()
-    ref_args: tuple = ()
-    out_shape = shape
-    extra = 0
-    if op == "rms_norm":
-        args = ((rng.standard_normal(n) * 0.5 + 1).astype(dt), 1e-6)
-    elif op == "layer_norm":
-        b = None if variant == "nobias" else rng.standard_normal(n).astype(dt)
-        args = ((rng.standard_normal(n) * 0.5 + 1).astype(dt), b, 1e-5)
-    elif op in ("gelu", "geglu"):
-        args = ("tanh" if variant == "tanh" else "none",)
-    elif op == "rope":
-        t = shape[-2]
-        ang = rng.uniform(-4, 4, (t, n // 2))
-        c, s = np.cos(ang).astype(np.float32), np.sin(ang).astype(np.float32)
-        inter = variant == "interleaved"
-        args, ref_args = (c, s, inter), (c, s, inter)
-        extra = 2 * t * n * 4        # the facade expands (T, n/2) fp32 angles to (T, n)
-    elif op == "matmul":
-        b = (rng.standard_normal((n, shape[0])) / math.sqrt(n)).astype(dt)
-        args = (b,)
-        out_shape = shape[:-1] + (b.shape[1],)
-        extra = b.nbytes
-    if op in ("swiglu", "geglu"):
-        out_shape = shape[:-1] + (n // 2,)
-    out_bytes = int(np.prod(out_shape)) * dt.itemsize
-    nbytes = x.nbytes + (args[0].nbytes if op == "matmul" else 0)
-    return Case(op, variant, dt.name, x, args, out_shape, x.nbytes + out_bytes + extra, nbytes, label,
-                ref_args)
+def _err(exc: BaseException) -> str:
+    return f"{type(exc).__name__}: {str(exc)[:200]}"
 
 
-def bench_case(op: str, dtype: str, rows: int) -> Case:
-    """The ladder's case for ``rows`` (matmul: ``rows`` is the side of a square product)."""
-    if op == "matmul":
-        return make_case(op, dtype, (rows, rows))
-    if op == "rope":
-        return make_case(op, dtype, (COLS // HEAD_DIM, rows, HEAD_DIM))
-    return make_case(op, dtype, (rows, COLS))
-
-
-VALIDATION_SHAPES = ((1, 8), (3, 4098), (5, 18), (2, 3, 66))
-VARIANTS = {"layer_norm": ("", "nobias"), "gelu": ("", "tanh"), "geglu": ("", "tanh"),
-            "rope": ("", "interleaved")}
-
-
-# ----------------------------------------------------------------------------- impls
-@dataclass
-class ImplRef:
-    """One facade impl to validate and time."""
-
-    op: str
-    impl_id: str
-    backend: str
-    kind: str
-    token: str                 # its order token in backend.json
-    available: bool = True
-    reason: str = ""
-
-
-def impl_token(impl) -> str:
-    if impl.backend in BUILTIN_BACKENDS and impl.impl_id in (f"default.{impl.backend}", f"reference.{impl.backend}"):
-        return impl.backend
-    return f"impl:{impl.impl_id}"
-
-
-def facade_impls(ops, backends: Optional[list] = None) -> list[ImplRef]:
-    """Every facade impl of ``ops`` (optionally only those whose backend/vendor is listed)."""
-    m = _global.manager()
-    out = []
-    for op in ops:
-        for impl in m.registry.get_impls(op, "facade"):
-            names = {impl.backend, (impl.vendor or "").lower(), impl.impl_id}
-            if backends and not names & set(backends) and impl.kind.value != "reference":
-                continue
-            ok, why = m.availability(impl)
-            excl = m._exclusion(impl)
-            out.append(ImplRef(op, impl.impl_id, impl.backend, impl.kind.value, impl_token(impl),
-                               not excl, excl or ("" if ok else why)))
-    return out
-
-
-@contextlib.contextmanager
-def host_copies_allowed():
-    """Let GPU backends take host arrays while timing them (their tuned policy decides later)."""
-    saved = []
-    for name, mod in _global.builtins().items():
-        setter = getattr(mod, "set_host_copy_policy", None)
-        if setter is None or isinstance(mod, str):
+def time_rounds(fns: dict, budget_s: float, min_rounds: int = 5, max_rounds: int = 500,
+                clock: Optional[Callable[[], float]] = None, calls: int = 1,
+                sync: Optional[Callable[[], object]] = None, warmed=()) -> dict:
+    """THE timer. ``{name: Timing}`` for ``{name: fn}``: a warm-up call each (tiny calls a
+    few more; none for the names in ``warmed``, already called once), then rounds calling
+    every fn once, the order rotating by one each round, until ``min_rounds`` rounds and
+    ``budget_s`` seconds per fn have passed (3 rounds once a call is slower than the budget;
+    at most 10x the budget). ``budget_s=0``: exactly ``min_rounds`` rounds. A fn that raises
+    keeps its error and is left out from then on. For devices: each sample is ``calls``
+    back-to-back calls then ``sync()``, divided by ``calls``."""
+    clock = clock or time.perf_counter
+    if calls > 1 or sync is not None:
+        fns = {k: _block(fn, calls, sync) for k, fn in fns.items()}
+    res = {k: Timing() for k in fns}
+    slowest = 0.0
+    for k, fn in fns.items():
+        if k in warmed:
             continue
-        table = dict(getattr(mod, "_HOST_COPY_MIN_BYTES", {}))
-        saved.append((mod, table))
-        for op in getattr(mod, "OPS", ()):
-            try:
-                setter(op, 0)
-            except Exception:  # a backend that refuses keeps its policy
-                pass
-    try:
-        yield
-    finally:
-        for mod, table in saved:
-            for op in getattr(mod, "OPS", ()):
-                try:
-                    mod.set_host_copy_policy(op, table.get(op))
-                except Exception:
-                    pass
-
-
-@contextlib.contextmanager
-def strict_mode():
-    old = os.environ.get("TENSOR_OPS_STRICT")
-    os.environ["TENSOR_OPS_STRICT"] = "1"
-    _global.reload_config()
-    try:
-        yield
-    finally:
-        if old is None:
-            os.environ.pop("TENSOR_OPS_STRICT", None)
-        else:
-            os.environ["TENSOR_OPS_STRICT"] = old
-        _global.reload_config()
-
-
-def _served_delta(case: Case, token: str, before: dict) -> dict:
-    res = _global.manager().resolve(case.op, token, "facade", case.dtype, case.nbytes)
-    return {k: v - before.get(k, 0) for k, v in res.by_impl.items() if v != before.get(k, 0)}
-
-
-def run_forced(case: Case, impl_id: str, out=None):
-    """(result, served impl ids) of ``case`` forced onto ``impl_id``."""
-    token = f"impl:{impl_id}"
-    before = dict(_global.manager().resolve(case.op, token, "facade", case.dtype, case.nbytes).by_impl)
-    y = case.run(token, out)
-    return y, _served_delta(case, token, before)
-
-
-# ----------------------------------------------------------------------------- validation
-def validate(impls: list[ImplRef], dtypes=DTYPES, progress: Optional[Callable] = None) -> dict:
-    """Conformance of every available impl against the fp64 reference.
-
-    Returns ``{impl_id: {"backend", "checked", "declined", "failures": [...],
-    "excluded_ops": {op: reason}}}``; an op with any failing case is excluded for that impl.
-    """
-    out: dict = {}
-    with strict_mode(), host_copies_allowed():
-        for ir in impls:
-            rec = out.setdefault(ir.impl_id, {"backend": ir.backend, "token": ir.token, "available": ir.available,
-                                              "reason": ir.reason, "checked": 0, "declined": 0,
-                                              "failures": [], "excluded_ops": {}})
-            if not ir.available:
-                continue
-            for dt in dtypes:
-                for shape in VALIDATION_SHAPES:
-                    if ir.op == "matmul" and len(shape) > 2:
-                        continue
-                    for variant in VARIANTS.get(ir.op, ("",)):
-                        case = make_case(ir.op, dt, shape, variant, seed=zlib.crc32(repr((ir.op, shape)).encode()) % 1000)
-                        why = _check(case, ir.impl_id)
-                        if why == "declined":
-                            rec["declined"] += 1
-                            continue
-                        rec["checked"] += 1
-                        if why:
-                            msg = f"{ir.op}{'(' + variant + ')' if variant else ''} {dt} {case.shape_label}: {why}"
-                            rec["failures"].append(msg)
-                            rec["excluded_ops"].setdefault(ir.op, f"wrong numerics vs fp64 reference: {msg}")
-            if progress:
-                progress(1, f"validate {ir.impl_id} {ir.op}")
-    return out
-
-
-def _check(case: Case, impl_id: str) -> str:
-    """'' when ``impl_id`` computes ``case`` within tolerance, 'declined', or what went wrong."""
-    try:
-        y, served = run_forced(case, impl_id)
-    except Exception as exc:  # strict mode: a backend failure lands here
-        return f"raised {type(exc).__name__}: {str(exc)[:200]}"
-    if impl_id not in served:
-        return "declined"
-    if not isinstance(y, np.ndarray) or y.shape != case.out_shape or y.dtype.name != case.dtype:
-        return f"returned {type(y).__name__} {getattr(y, 'shape', None)} {getattr(y, 'dtype', None)}"
-    want = case.expected()
-    rtol, atol = case.tolerance()
-    got = y.astype(np.float64)
-    bad = ~(np.abs(got - want) <= atol + rtol * np.abs(want))
-    if bad.any():
-        err = float(np.nanmax(np.abs(got - want))) if np.isfinite(got).all() else float("nan")
-        return f"{int(bad.sum())}/{bad.size} elements off, max abs error {err:.3g} (rtol {rtol:g}, atol {atol:.3g})"
-    return ""
-
-
-# ----------------------------------------------------------------------------- timing
-def time_call(fn: Callable[[], object], budget_s: float, min_reps: int = 5, max_reps: int = 500) -> tuple[float, int, float]:
-    """(median seconds, repeats, best seconds): a warm-up call, then repeats until both
-    minimums (``min_reps`` calls and ``budget_s`` seconds) are met."""
-    t0 = time.perf_counter()
-    fn()
-    first = time.perf_counter() - t0
-    if first < budget_s / 50:                 # tiny calls: a few more warm-ups settle caches/JIT
-        for _ in range(3):
+        try:
+            t0 = clock()
             fn()
-    elif first > budget_s:                    # slow calls (NumPy fp16 at 64 MiB): median of 3
-        min_reps = min(min_reps, 3)
-    samples: list[float] = []
-    start = time.perf_counter()
-    while len(samples) < max_reps:
-        t = time.perf_counter()
-        fn()
-        samples.append(time.perf_counter() - t)
-        if len(samples) >= min_reps and time.perf_counter() - start >= budget_s:
+            first = clock() - t0
+            if first < budget_s / 50:               # tiny calls: settle caches / JIT
+                for _ in range(3):
+                    fn()
+            slowest = max(slowest, first / calls)
+        except Exception as exc:  # a failure is a result (e.g. an fp16 kernel torch lacks)
+            res[k].error = _err(exc)
+    live = [k for k in fns if not res[k].error]
+    start, rounds = clock(), 0
+    while live and rounds < max_rounds:
+        got: dict = {}
+        for k in live[rounds % len(live):] + live[:rounds % len(live)]:
+            t0 = clock()
+            try:
+                fns[k]()
+            except Exception as exc:
+                res[k].error = _err(exc)
+                continue
+            got[k] = (clock() - t0) / calls
+        for k in fns:
+            if not (res[k].error and not res[k].samples):
+                res[k].samples.append(got.get(k))
+        live = [k for k in live if not res[k].error]
+        rounds += 1
+        slowest = max([slowest, *got.values()])
+        if budget_s > 0 and slowest > budget_s:   # slow calls (NumPy fp16 at 256 MiB): 3 rounds
+            min_rounds = min(min_rounds, 3)
+        spent = clock() - start
+        if rounds >= min_rounds and spent >= budget_s * max(1, len(live)):
             break
-        if len(samples) >= 3 and time.perf_counter() - start >= 10 * budget_s:
+        if budget_s > 0 and rounds >= 3 and spent >= 10 * budget_s * max(1, len(live)):
             break
-    return float(np.median(samples)), len(samples), float(min(samples))
+    return res
 
 
-_POOL: Optional[ThreadPoolExecutor] = None
+def _block(fn, calls: int, sync):
+    def run():
+        for _ in range(calls):
+            fn()
+        if sync is not None:
+            sync()
+    return run
 
 
-def _pool() -> ThreadPoolExecutor:
-    global _POOL
-    if _POOL is None:
-        _POOL = ThreadPoolExecutor(2, thread_name_prefix="tensor_ops_copy")
-    return _POOL
+def median_ratio(num: Timing, den: Timing) -> Optional[float]:
+    """THE ratio: the median over the rounds both ran of ``num / den`` (ceiling time / row
+    time = × ceiling; NumPy time / row time = × NumPy)."""
+    r = [a / b for a, b in zip(num.samples, den.samples) if a is not None and b]
+    return float(np.median(r)) if r else None
 
 
-def copy_bandwidth(nbytes: int, budget_s: float) -> dict:
-    """GB/s (read + write) of copying ``nbytes`` with 1 thread and split over 2 threads."""
-    n = max(1, nbytes // 4)
-    src = np.ones(n, np.float32)
-    dst = np.zeros_like(src)
-    h = n // 2
-    pool = _pool()
-
-    def two():
-        f = pool.submit(np.copyto, dst[:h], src[:h])
-        np.copyto(dst[h:], src[h:])
-        f.result()
-
-    t1 = time_call(lambda: np.copyto(dst, src), budget_s)[0]
-    t2 = time_call(two, budget_s)[0]
-    moved = 2 * src.nbytes
-    g1, g2 = moved / t1 / 1e9, moved / t2 / 1e9
-    return {"nbytes": int(src.nbytes), "bytes_moved": int(moved), "gbps_1t": g1, "gbps_2t": g2,
-            "gbps": max(g1, g2)}
-
-
-def _torch_fn(case: Case):
-    """Torch eager equivalent of ``case`` (CPU tensors sharing NumPy memory), or None."""
-    try:
-        import torch
-        import torch.nn.functional as F
-    except Exception:
-        return None
-    x = torch.from_numpy(case.x)
-    a = [torch.from_numpy(v) if isinstance(v, np.ndarray) else v for v in case.args]
-    op, n = case.op, case.x.shape[-1]
-    if op == "rms_norm":
-        return lambda: F.rms_norm(x, (n,), a[0], a[1])
-    if op == "layer_norm":
-        return lambda: F.layer_norm(x, (n,), a[0], a[1], a[2])
-    if op == "softmax":
-        return lambda: torch.softmax(x, -1)
-    if op == "silu":
-        return lambda: F.silu(x)
-    if op == "relu":
-        return lambda: torch.relu(x)
-    if op == "gelu":
-        return lambda: F.gelu(x, approximate=a[0])
-    if op == "swiglu":
-        return lambda: F.silu(x[..., : n // 2]) * x[..., n // 2:]
-    if op == "geglu":
-        return lambda: F.gelu(x[..., : n // 2], approximate=a[0]) * x[..., n // 2:]
-    if op == "rope":
-        c = torch.cat([a[0], a[0]], -1).to(x.dtype)
-        s = torch.cat([a[1], a[1]], -1).to(x.dtype)
-
-        def rope():
-            x1, x2 = x[..., : n // 2], x[..., n // 2:]
-            return x * c + torch.cat([-x2, x1], -1) * s
-        return rope
-    if op == "matmul":
-        return lambda: torch.matmul(x, a[0])
-    return None
-
-
+# ----------------------------------------------------------------------------- rows of a case
 @dataclass
-class BenchPlan:
-    ops: list
-    dtypes: list
-    impls: list                      # ImplRef, available and validated
-    ladder: dict                     # dtype -> [rows]
-    matmul_sides: list
-    budget_s: float = 0.15
-    torch: bool = True
-    skipped: list = field(default_factory=list)
+class Entry:
+    """One row of a case: an impl, a baseline or a ceiling, and the call to time."""
 
-    def points(self) -> int:
-        n = 0
-        for op in self.ops:
-            k = sum(1 for i in self.impls if i.op == op) + (1 if self.torch else 0)
-            for dt in self.dtypes:
-                sizes = self.matmul_sides if op == "matmul" else self.ladder[dt]
-                if op == "matmul" and dt == "float16":
-                    sizes = [s for s in sizes if s <= 256]
-                n += k * len(sizes)
-        return n
+    col: str
+    kind: str                  # impl (out=), fresh (impl, fresh output), baseline, ceiling, memcpy
+    fn: Optional[Callable]
+    label: str = ""
+    backend: str = ""
+    impl_id: str = ""
+    token: str = ""
+    error: str = ""
+    warmed: bool = False       # already called once (the served check, a compile): no warm-up
 
 
-def benchmark(plan: BenchPlan, progress: Optional[Callable] = None) -> dict:
-    """Time every (op, dtype, size, impl) of ``plan``; returns ``{"copy": [...], "results": [...]}``.
-
-    The impls of one (op, dtype, size) are timed interleaved (one call of each per round), so
-    a burst of load from other processes hits them alike and the ranking stays fair."""
-    copies: dict = {}
-    results: list = []
-    with host_copies_allowed():
-        for op in plan.ops:
-            impls = [i for i in plan.impls if i.op == op]
-            for dt in plan.dtypes:
-                sizes = plan.matmul_sides if op == "matmul" else plan.ladder[dt]
-                if op == "matmul" and dt == "float16":
-                    sizes = [s for s in sizes if s <= 256]    # NumPy has no fp16 BLAS
-                for rows in sizes:
-                    case = bench_case(op, dt, rows)
-                    key = case.bytes_moved // 2
-                    if key not in copies:
-                        copies[key] = copy_bandwidth(key, plan.budget_s)
-                    copy = copies[key]["gbps"]
-                    entries = [_prepare(case, ir) for ir in impls]
-                    if plan.torch:
-                        fn = _torch_fn(case)
-                        if fn is not None:
-                            entries.append(("torch", "torch (eager)", "reference row", fn, ""))
-                    live = [e for e in entries if not e[4]]
-                    timed = time_interleaved([e[3] for e in live], plan.budget_s) if live else []
-                    got = {id(e): t for e, t in zip(live, timed)}
-                    for e in entries:
-                        t = got.get(id(e))
-                        err = e[4] or (t[3] if t else "")
-                        results.append(_row(case, rows, e[0], e[1], e[2], err,
-                                            None if (err or not t) else t[0], t[1] if t else 0, copy,
-                                            None if (err or not t) else t[2]))
-                    if progress:
-                        progress(len(entries), f"{op} {dt} {case.shape_label}")
-    _speedups(results)
-    return {"copy": sorted(copies.values(), key=lambda c: c["nbytes"]), "results": results}
-
-
-def _prepare(case: Case, ir: ImplRef) -> tuple:
-    """(backend, impl_id, token, fn, error): check once that ``ir`` serves ``case``."""
+def impl_entry(case: Case, ir: ImplRef, fresh: bool = False) -> Entry:
+    """``ir`` forced on ``case`` with ``out=`` (or a fresh output), checked once to be served
+    by that impl."""
+    col = (ir.token if not ir.token.startswith("impl:") else ir.impl_id) + (" (fresh)" if fresh else "")
+    e = Entry(col, "fresh" if fresh else "impl", None, col, ir.backend, ir.impl_id, ir.token)
     token = f"impl:{ir.impl_id}"
-    out = np.empty(case.out_shape, case.dtype)
+    out = case.empty_out()
     try:
         _, served = run_forced(case, ir.impl_id, out)
     except Exception as exc:  # a failure is a result, not the end of the run
-        return ir.backend, ir.impl_id, ir.token, None, f"{type(exc).__name__}: {str(exc)[:200]}"
+        e.error = _err(exc)
+        return e
     if ir.impl_id not in served:
-        return ir.backend, ir.impl_id, ir.token, None, f"declined (served by {sorted(served)})"
-    return ir.backend, ir.impl_id, ir.token, (lambda: case.run(token, out)), ""
+        e.error = f"declined (served by {sorted(served)})"
+    else:
+        e.fn = (lambda: case.run(token, None)) if fresh else (lambda: case.run(token, out))
+        e.warmed = not fresh            # the check call above touched out= and loaded the kernel
+    return e
 
 
-def time_interleaved(fns: list, budget_s: float, min_reps: int = 5, max_reps: int = 500) -> list:
-    """[(median s, repeats, best s, error)] per fn: warm-ups, then rounds calling each fn once,
-    until ``min_reps`` rounds and ``budget_s`` per fn have passed."""
-    n = len(fns)
-    errors = [""] * n
-    samples: list = [[] for _ in fns]
-    firsts = []
-    for i, fn in enumerate(fns):
-        t0 = time.perf_counter()
-        try:
-            fn()
-        except Exception as exc:  # e.g. an fp16 kernel torch lacks on CPU
-            errors[i] = f"{type(exc).__name__}: {str(exc)[:200]}"
-        firsts.append(time.perf_counter() - t0)
-        if not errors[i] and firsts[-1] < budget_s / 50:    # tiny calls: settle caches/JIT
-            for _ in range(3):
-                fn()
-    if max(firsts, default=0) > budget_s:                     # slow calls: median of 3
-        min_reps = min(min_reps, 3)
-    start = time.perf_counter()
-    rounds = 0
-    while rounds < max_reps:
-        for i, fn in enumerate(fns):
-            if errors[i]:
-                continue
-            t = time.perf_counter()
-            try:
-                fn()
-            except Exception as exc:
-                errors[i] = f"{type(exc).__name__}: {str(exc)[:200]}"
-                continue
-            samples[i].append(time.perf_counter() - t)
-        rounds += 1
-        spent = time.perf_counter() - start
-        if rounds >= min_reps and spent >= budget_s * n:
+def baseline_entry(case: Case, name: str) -> Entry:
+    if name == "numpy formula":
+        fn, why = numpy_formula(case), ""
+    else:
+        fn, why = (torch_eager if name == "torch" else torch_compiled)(case)
+    return Entry(name, "baseline", fn, name, name.split()[0], "", "reference row", why,
+                 warmed=name == "torch.compile")
+
+
+def case_entries(case: Case, impls: list, baselines=(), fresh: bool = False, ref_impls: bool = True,
+                 memcpy: bool = False) -> tuple[list, str]:
+    """(entries, ceiling label) of one case: the impls (with fresh-output twins), the
+    baselines, the ceiling copy and, where the ceiling streams, the memcpy as a second line."""
+    entries = []
+    for ir in impls:
+        if ir.kind == "reference" and not ref_impls:
+            continue
+        entries.append(impl_entry(case, ir))
+        if fresh:
+            entries.append(impl_entry(case, ir, fresh=True))
+    entries += [baseline_entry(case, b) for b in baselines]
+    fn, kind, label = ceiling_copy(case.reads, case.bytes_moved // 2)
+    entries.append(Entry("ceiling", "ceiling", fn, label, kind, token="reference row"))
+    if memcpy and kind == "stream":
+        fn, kind, mlabel = ceiling_copy(case.reads, case.bytes_moved // 2, memcpy=True)
+        entries.append(Entry("memcpy", "memcpy", fn, mlabel, kind, token="reference row"))
+    return entries, label
+
+
+def stats(timings: dict, bytes_moved: int, ceiling: str = "ceiling") -> dict:
+    """THE statistic, per row of one case: ``{col: {median_s, best_s, reps, gbps,
+    x_ceiling, ceiling_gbps, vs: {other col: median(t_other / t_row)}, error}}``; every ratio
+    is a median of per-round ratios (``x_ceiling`` = ceiling time / row time)."""
+    ceil = timings.get(ceiling)
+    ceil_t = ceil.times if ceil is not None and not ceil.error else []
+    out = {}
+    for col, t in timings.items():
+        ts = t.times if not t.error else []
+        med = float(np.median(ts)) if ts else None
+        vs = {c: median_ratio(o, t) for c, o in timings.items() if med and c not in (col, ceiling) and not o.error}
+        out[col] = {"median_s": med, "best_s": min(ts) if ts else None, "reps": len(ts),
+                    "gbps": bytes_moved / med / 1e9 if med else None,
+                    "x_ceiling": median_ratio(ceil, t) if (med and ceil_t) else None,
+                    "ceiling_gbps": bytes_moved / float(np.median(ceil_t)) / 1e9 if ceil_t else None,
+                    "vs": {c: v for c, v in vs.items() if v is not None}, "error": t.error or None}
+    return out
+
+
+def rows_of(case: Case, size, entries: list, timings: dict, ceiling_label: str) -> list:
+    """One JSON-ready row per entry of ``case``: its :func:`stats` and what it is."""
+    st = stats(timings, case.bytes_moved)
+    out = []
+    for e in entries:
+        s = st.get(e.col) or {"median_s": None, "best_s": None, "reps": 0, "gbps": None, "x_ceiling": None,
+                              "ceiling_gbps": None, "vs": {}, "error": "not timed"}
+        out.append({
+            "op": case.op, "variant": case.variant, "name": case.name, "dtype": case.dtype,
+            "shape": case.shape_label, "rows": size, "nbytes": case.nbytes, "bytes_moved": case.bytes_moved,
+            "col": e.col, "kind": e.kind, "label": e.label, "backend": e.backend, "impl_id": e.impl_id,
+            "token": e.token, **s, "ceiling": ceiling_label, "speedup_vs_numpy": s["vs"].get("numpy"),
+            "error": e.error or s["error"]})
+    return out
+
+
+def measure_case(case: Case, size, impls: list, *, baselines=(), fresh: bool = False, ref_impls: bool = True,
+                 memcpy: bool = False, budget_s: float = 0.05, min_rounds: int = 5, max_rounds: int = 500,
+                 clock=None, calls: int = 1, sync=None) -> list:
+    """Every row of one case timed in the same interleaved rounds; returns :func:`rows_of`."""
+    entries, label = case_entries(case, impls, baselines, fresh, ref_impls, memcpy)
+    fns = {e.col: e.fn for e in entries if e.fn is not None and not e.error}
+    timings = time_rounds(fns, budget_s, min_rounds, max_rounds, clock, calls, sync,
+                          warmed={e.col for e in entries if e.warmed})
+    return rows_of(case, size, entries, timings, label)
+
+
+# ----------------------------------------------------------------------------- the plan
+@dataclass
+class BenchPlan:
+    """What to time. ``mode``: ``default`` (adaptive ladder, references sampled), ``quick``,
+    ``full`` (the exhaustive ladder up to 4x the LLC, every row at every size) or ``fixed``
+    (``shapes``)."""
+
+    ops: list                              # benchmark names (gelu_tanh allowed)
+    dtypes: list
+    impls: list                            # ImplRef, available and validated
+    mode: str = "default"
+    shapes: list = field(default_factory=list)   # (rows, cols) for mode "fixed"
+    llc: int = 32 << 20
+    matmul_sides: tuple = MATMUL_SIDES["default"]
+    budget_s: float = 0.05
+    min_rounds: int = 5
+    max_rounds: int = 500
+    baselines: tuple = ("torch",)
+    fresh: bool = False
+    memcpy: bool = False
+    time_budget_s: Optional[float] = None  # default mode: the seconds the whole benchmark may take
+
+    def units(self) -> list:
+        return [(op, dt) for op in self.ops for dt in self.dtypes]
+
+    def sizes(self, name: str, dtype: str) -> list:
+        """[(rows, cols)] to walk for one unit (the adaptive ladder may stop earlier)."""
+        if split_name(name)[0] == "matmul":
+            sides = [s for s, _ in self.shapes] if self.mode == "fixed" else list(self.matmul_sides)
+            return [(s, s) for s in sides if dtype != "float16" or s <= 256]   # NumPy has no fp16 BLAS
+        if self.mode == "fixed":
+            return list(self.shapes)
+        return [(r, COLS) for r in row_ladder(dtype, self.llc, self.mode)]
+
+
+def _competitive(rows: list) -> bool:
+    lead = _leader(rows)
+    return any(r["kind"] == "impl" and r["col"] == "numpy" and r.get("median_s")
+               and r["median_s"] <= NOISE * lead["median_s"] for r in rows) if lead else True
+
+
+def sweep(plan: BenchPlan, name: str, dtype: str, clock=None, deadline: Optional[float] = None) -> tuple[list, dict]:
+    """(rows, ladder record) of one (op, dtype): walk the sizes; in ``default`` mode stop
+    when :func:`converged`, time the NumPy reference only while it is within ``NOISE`` of the
+    leader and the baselines only at the first size, then re-time the middle and the largest
+    size with x <= ``REF_CAP_BYTES`` with every row (all rows of a size come from the same
+    rounds). Past ``deadline`` (``clock()`` time) the ladder stops once x has reached
+    min(LLC, 64 MiB)."""
+    impls = [i for i in plan.impls if i.op == split_name(name)[0]]
+    adaptive = plan.mode == "default" and split_name(name)[0] != "matmul"
+    kw = dict(fresh=plan.fresh, memcpy=plan.memcpy, budget_s=plan.budget_s, min_rounds=plan.min_rounds,
+              max_rounds=plan.max_rounds, clock=clock)
+    done: list = []                     # [(rows, cols), rows, every row timed]
+    stop, ref_next = "every size measured", True
+    for rows, cols in plan.sizes(name, dtype):
+        if adaptive and deadline is not None and done and done[-1][1] and (clock or time.perf_counter)() > deadline \
+                and done[-1][1][0]["nbytes"] >= min(plan.llc, REF_CAP_BYTES):
+            stop = (f"time budget ({plan.time_budget_s:.0f}s for the run) spent: stopped at "
+                    f"{done[-1][1][0]['shape']}")
             break
-        if rounds >= 3 and spent >= 10 * budget_s * n:
-            break
-    return [(float(np.median(s)) if s else None, len(s), float(min(s)) if s else None, errors[i])
-            for i, s in enumerate(samples)]
+        full = not adaptive or not done
+        case = bench_case(name, dtype, rows, cols)
+        got = measure_case(case, rows, impls, baselines=plan.baselines if full else (),
+                           ref_impls=full or ref_next, **kw)
+        del case
+        done.append([(rows, cols), got, full])
+        if adaptive:
+            ref_next = _competitive(got)
+            why = converged(done[-2][1], got, plan.llc) if len(done) > 1 else ""
+            if why:
+                stop = why
+                break
+    else:
+        if adaptive:
+            stop = f"cap: {_human(CAP_BYTES)} per array"
+    hi = max((i for i, d in enumerate(done) if d[1] and d[1][0]["nbytes"] <= REF_CAP_BYTES), default=0)
+    for i in sorted({hi // 2, hi}) if done else ():
+        if not done[i][2]:
+            (rows, cols), _, _ = done[i]
+            done[i][1] = measure_case(bench_case(name, dtype, rows, cols), rows, impls,
+                                      baselines=plan.baselines, ref_impls=True, **kw)
+            done[i][2] = True
+    rec = {"op": name, "dtype": dtype, "sizes": [d[1][0]["shape"] for d in done if d[1]], "stop": stop,
+           "references_at": [d[1][0]["shape"] for d in done if d[2] and d[1]]}
+    return [r for d in done for r in d[1]], rec
 
 
-def _row(case, rows, backend, impl_id, token, error, t, reps, copy, best=None) -> dict:
-    gbps = case.bytes_moved / t / 1e9 if t else None
-    return {"op": case.op, "dtype": case.dtype, "shape": case.shape_label, "rows": rows,
-            "nbytes": case.nbytes, "bytes_moved": case.bytes_moved, "backend": backend, "impl_id": impl_id,
-            "token": token, "median_s": t, "best_s": best, "reps": reps, "gbps": gbps, "copy_gbps": copy,
-            "frac_copy": (gbps / copy) if gbps else None, "error": error or None}
-
-
-def _speedups(results: list) -> None:
-    base = {(r["op"], r["dtype"], r["shape"]): r["median_s"] for r in results
-            if r["backend"] == "numpy" and r["median_s"]}
-    for r in results:
-        b = base.get((r["op"], r["dtype"], r["shape"]))
-        r["speedup_vs_numpy"] = (b / r["median_s"]) if (b and r["median_s"]) else None
+def benchmark(plan: BenchPlan, progress: Optional[Callable[[str], None]] = None, clock=None) -> dict:
+    """Time every unit (op × dtype) of ``plan``; ``progress(what)`` is called as each starts.
+    Returns ``{"results": rows, "ladders": [...], "ceiling": label}``."""
+    results, ladders = [], []
+    units = plan.units()
+    if {"torch", "torch.compile"} & set(plan.baselines):
+        try:            # imported before the first unit, so its ETA is not skewed by the import
+            import torch  # noqa: F401
+        except ImportError:
+            pass
+    t0 = (clock or time.perf_counter)()
+    with host_copies_allowed():
+        for k, (name, dt) in enumerate(units):
+            if progress:
+                progress(f"{name} {dt}")
+            # each unit may use its share of the budget plus what earlier units left unused
+            deadline = t0 + plan.time_budget_s * (k + 1) / len(units) if plan.time_budget_s else None
+            rows, rec = sweep(plan, name, dt, clock, deadline)
+            results += rows
+            ladders.append(rec)
+    ceiling = next((r["ceiling"] for r in results if r.get("ceiling")), None)
+    return {"results": results, "ladders": ladders, "ceiling": ceiling}

@@ -21,7 +21,7 @@ from ._ops import ALL_BUILTIN_NAMES, KNOWN_OPS
 KIND_TOKENS = ("default", "flagos", "vendor", "reference")
 KEYS = (
     "schema_version", "priority", "force", "strict", "per_op", "disabled", "allow_vendors",
-    "deny_vendors", "tuning", "detected", "built",
+    "deny_vendors", "fallback", "tuning", "detected", "built",
 )
 
 
@@ -38,6 +38,7 @@ class FileConfig:
     disabled: list = field(default_factory=list)
     allow_vendors: Optional[list] = None
     deny_vendors: list = field(default_factory=list)
+    fallback: Optional[list] = None
     tuning: dict = field(default_factory=dict)
     detected: dict = field(default_factory=dict)
     built: dict = field(default_factory=dict)
@@ -206,6 +207,10 @@ def validate_config(data: Any, source: str = "backend.json", extra_names: Iterab
     if data.get("allow_vendors") is not None:
         cfg.allow_vendors = _name_list(data["allow_vendors"], f"{source}: 'allow_vendors'", None)
     cfg.deny_vendors = _name_list(data.get("deny_vendors", []), f"{source}: 'deny_vendors'", None)
+    if data.get("fallback") is not None:
+        if not isinstance(data["fallback"], list):
+            raise ConfigError(f"{source}: 'fallback' must be a list of backend names, got {data['fallback']!r}")
+        cfg.fallback = parse_order(data["fallback"], f"{source}: 'fallback'", names)
     cfg.tuning = validate_tuning(data.get("tuning"), f"{source}: 'tuning'", names)
     for key in ("detected", "built"):
         val = data.get(key, {})

@@ -1,5 +1,17 @@
-# Type stub of the pybind11 module tensor_ops._cpp (source: cpp_ext/module.cpp; a test
-# checks that every public name of the module is declared here).
+# Type stub of the pybind11 module tensor_ops._cpp (source: cpp_ext/; binding.h says which
+# file binds what; a test checks that every public name of the module is declared here).
+#
+# Checked against the built module with (from the repository root, after build_ext --inplace):
+#
+#   python -m mypy.stubtest tensor_ops._cpp --mypy-config-file cpp_ext/stubtest_mypy.ini
+#
+# (the config only silences mypy errors in the package's pure-Python modules, which stubtest
+# type-checks too; without it stubtest stops at those). What it checks: every runtime name is
+# in the stub and vice versa, ISA's type, and the _fast_* signatures (they carry a
+# __text_signature__). pybind11 functions expose no signature to inspect, so stubtest cannot
+# compare their parameters: tests/test_cpp.py::test_stub_signatures_match_the_bindings
+# compares them with the signature line pybind11 writes into each __doc__. No allowlist is
+# needed (stubtest reports nothing it cannot express).
 #
 # Notes for callers (the facade backend tensor_ops/backends/cpp.py and the tex adapters):
 #
@@ -109,6 +121,13 @@ def empty_cache() -> int:
     """Free every cached output block (arrays still alive keep theirs); returns the bytes freed."""
 def _set_cache(cap_bytes: int = -1, min_bytes: int = -1) -> None:
     """Test/benchmark hook: set the cache cap (also empties the cache) / the minimum size."""
+def stream_copy(src: _Arr, dst: _Arr) -> None:
+    """dst = src byte for byte: C-contiguous arrays of any dtype (no object dtypes) with the
+    same nbytes, any alignment, not overlapping (the same buffer is a no-op). Non-temporal
+    stores (AVX-512 / AVX2; memcpy in the scalar variant), the GIL released, split over
+    set_num_threads() threads above the usual threshold: the memory ceiling the benchmark
+    engine times kernels against. ValueError for different sizes (both named), a read-only
+    or non-contiguous array, overlap; TypeError for a non-ndarray or an object dtype."""
 
 # ---- the facade's plain-call entries (tensor_ops/_facade.py) ------------------------------
 # METH_FASTCALL functions, positional only. Each takes the facade op's arguments without

@@ -15,6 +15,11 @@ class BackendUnavailableError(RuntimeError):
     """A backend that was explicitly required (forced, strict) cannot be used here."""
 
 
+class BackendUnsupportedError(NotImplementedError):
+    """A forced backend cannot serve this call (an op or dtype it lacks) and no fallback was
+    asked for: the error names the backend, the op, what the call needed and what it serves."""
+
+
 class BackendFallbackWarning(RuntimeWarning):
     """Emitted once per (op, impl) when a failing impl is skipped for the next candidate."""
 

@@ -9,13 +9,14 @@ moves to the next candidate with one warning per (op, impl), unless strict.
 from __future__ import annotations
 
 import logging
+import sys
 import threading
 import warnings
 from typing import Any, Optional
 
 from . import _state
 from ._config import check_token
-from ._errors import BackendError, BackendFallbackWarning, BackendUnavailableError
+from ._errors import BackendError, BackendFallbackWarning, BackendUnavailableError, BackendUnsupportedError
 from ._ops import BUILTIN_BACKENDS
 from ._registry import BackendImplKind, OpImpl, OpRegistry, default_api
 from ._resolve import Resolution, default_rank, host_declined, is_shared, match, wrong_result
@@ -63,6 +64,7 @@ class OpManager:
         self._seq = 0
         self._override_tokens: dict = {}
         self._failures: dict = {}            # (op, api, impl_id) -> [count, last error]
+        self._substituted: dict = {}         # (op, api, forced backend, what) -> count
         registry._add_listener(self)
         log.info("Registered impl_ids: %s", registry.impl_ids())
 
@@ -212,6 +214,8 @@ class OpManager:
                 if impl not in ordered:
                     ordered.append(impl)
         note = ""
+        guard, guard_ok = 0, False
+        fallback_set = bool(s is not None and s.fallback)
         if forced:
             tok = tokens[0]
             named = [i for i in impls if match(i, tok)]
@@ -222,20 +226,75 @@ class OpManager:
             if not named:
                 if not any(match(i, tok) for i in self.registry.all_impls()) and tok not in self._names():
                     raise BackendUnavailableError(f"backend {tok!r} was forced ({source}) but nothing by that name is registered")
+                if api == "facade" and not fallback_set:
+                    raise self._unsupported(op, tok, source, f"op {op!r}", [])
                 note = f"{tok!r} has no {op!r}; served by the fallback"
+            elif api == "facade":
+                # A forced backend is never silently replaced (tex keeps TE-FL's documented
+                # fallback to reference.torch): past its impls is an error or, with a
+                # fallback asked for, a warned and counted substitution.
+                guard, guard_ok = len(ordered), fallback_set
             fb = ((s.fallback or []) if s is not None else []) + ["reference"]
             for ftok in fb:
                 for impl in sorted((i for i in usable if match(i, ftok)), key=lambda i: (-i.priority, i.impl_id)):
                     if impl not in ordered:
                         ordered.append(impl)
         else:
+            if override is not None and api == "facade" and ordered:
+                # a call's own order ("cpp,numpy"): the next entry may serve, with a warning
+                guard, guard_ok = sum(1 for i in ordered if match(i, tokens[0])), True
             rest = sorted((i for i in usable if i not in ordered), key=default_rank)
             ordered += [i for i in rest if i.kind is not _REF] + [i for i in rest if i.kind is _REF]
         named = set() if source == "built-in default" else \
             {t for t in tokens if t not in ("default", "vendor", "reference") and not t.startswith("vendor:")}
         ordered = [i if i.host_arrays == "always" or i.backend in named or f"impl:{i.impl_id}" in named
                    else host_declined(i) for i in ordered]
-        return Resolution(op, api, tokens, source, forced, strict, tuple(ordered), excluded, note)
+        res = Resolution(op, api, tokens, source, forced, strict, tuple(ordered), excluded, note)
+        res.guard, res.guard_ok, res.named = guard, guard_ok, tokens[0] if tokens else ""
+        if note and api == "facade":      # the forced backend lacks the op; a fallback was asked for
+            res.guard, res.guard_ok = -1, True
+        return res
+
+    def _unsupported(self, op: str, tok: str, source: str, what: str, impls: list) -> "BackendUnsupportedError":
+        """The error for a forced backend that cannot serve a call: names the backend, the op,
+        what the call needed, what the backend serves, and how to allow another backend."""
+        owner = next((i.owner for i in impls if i.owner is not None), None)
+        if owner is None:
+            owner = next((i.owner for i in self.registry.all_impls() if match(i, tok) and i.owner is not None), None)
+        serves = []
+        if owner is not None:
+            dts = getattr(owner, "dtypes", None)
+            serves.append(f"dtypes {list(dts)}" if dts else "")
+            serves.append(f"array kinds {list(owner.array_kinds)}")
+        ops = sorted({i.op_name for i in self.registry.all_impls() if match(i, tok) and i.api == "facade"})
+        serves.append(f"ops {ops}")
+        return BackendUnsupportedError(
+            f"op {op!r}: backend {tok!r} was forced ({source}) but does not support {what}; it serves "
+            f"{', '.join(x for x in serves if x)}. To let another backend serve such calls, pass an order "
+            f"(backend='{tok},numpy') or set a fallback (TENSOR_OPS_FALLBACK_BACKEND=numpy or backend.json "
+            f"'fallback')")
+
+    def _past_guard(self, res: Resolution, args: tuple) -> None:
+        """Every forced candidate declined the call: raise, or warn once per (op, backend,
+        reason) and count the substitution (get_backend_info()['ops'][op]['substituted'])."""
+        x = args[0] if args else None
+        what = (f"{getattr(getattr(x, 'dtype', None), 'name', getattr(x, 'dtype', '?'))} "
+                f"{type(x).__module__.split('.')[0]}.{type(x).__name__} input") if x is not None else "this call"
+        if res.guard < 0:
+            what = f"op {res.op!r}"
+        if not res.guard_ok:
+            raise self._unsupported(res.op, res.named, res.source, what, list(res.candidates[:max(res.guard, 0)]))
+        key = (res.op, res.api, res.named, what)
+        with self._lock:
+            first = key not in self._substituted
+            self._substituted[key] = self._substituted.get(key, 0) + 1
+        if first:
+            via = (f"the fallback {self.settings.fallback if self.settings else None}" if res.forced
+                   else f"the order {','.join(res.tokens)}")
+            msg = (f"tensor_ops: op {res.op!r}: {res.named!r} does not support {what}; served by {via} "
+                   f"({res.source})")
+            log.warning(msg)
+            warnings.warn(msg, BackendFallbackWarning, stacklevel=4)
 
     def _exclusion(self, impl: OpImpl) -> str:
         s = self.settings
@@ -274,7 +333,12 @@ class OpManager:
     def run(self, res: Resolution, args: tuple, kwargs: Optional[dict] = None, expect: Optional[tuple] = None):
         """Walk the candidates of a resolution: the per-call part of dispatch."""
         last_exc = None
-        for impl in res.candidates:
+        guard = res.guard
+        if guard < 0:
+            self._past_guard(res, args)
+        for idx, impl in enumerate(res.candidates):
+            if idx == guard and idx and last_exc is None:    # guard 0: none
+                self._past_guard(res, args)
             sup = impl.supports
             try:
                 if kwargs:
@@ -292,7 +356,19 @@ class OpManager:
                         f"{impl.impl_id} returned {type(out).__name__} of shape {getattr(out, 'shape', None)} "
                         f"dtype {getattr(out, 'dtype', None)}; expected shape {expect[0]} dtype {expect[1]}")
             except (ValueError, TypeError):
-                raise
+                # tex ops may still meet a user error inside an impl; a facade call was fully
+                # validated by its spec before dispatch, so there it is the impl's failure
+                # (e.g. a plugin fn with the wrong arity): fall back like any other
+                if res.api != "facade":
+                    raise
+                exc = sys.exc_info()[1]
+                last_exc = exc
+                if res.strict:
+                    self._count_failure(res, impl, exc, warn=False)
+                    raise BackendError(f"op {res.op!r}: {impl.impl_id} failed and strict mode forbids fallback: "
+                                       f"{type(exc).__name__}: {exc}") from exc
+                self._count_failure(res, impl, exc, warn=True)
+                continue
             except Exception as exc:  # a backend failure: fall back (or raise when strict)
                 last_exc = exc
                 if res.strict:
@@ -381,6 +457,9 @@ class OpManager:
                 if n:
                     calls = out.setdefault(impl.op_name, {"api": "facade", "calls": {}, "fallbacks": 0})["calls"]
                     calls[impl.impl_id] = calls.get(impl.impl_id, 0) + n
+            for (op, api, name, what), n in self._substituted.items():
+                key = f"tex:{op}" if api == "tex" and is_shared(op) else op
+                out.setdefault(key, {}).setdefault("substituted", {})[name] = {"count": n, "reason": f"does not support {what}"}
             for (op, api, impl_id), (n, reason) in self._failures.items():
                 name = f"tex:{op}" if api == "tex" and is_shared(op) else op
                 out.setdefault(name, {}).setdefault("failures", {})[impl_id] = {"count": n, "last_error": reason}

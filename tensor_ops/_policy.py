@@ -257,6 +257,8 @@ def build_settings(environ=os.environ, extra_names: Iterable[str] = ()) -> Setti
     v, var = _setting("TENSOR_OPS_FALLBACK_BACKEND", environ)
     if v:
         s.fallback, s.fallback_source = parse_order(v, f"environment variable {var}", names), f"env {var}"
+    elif file.fallback:
+        s.fallback, s.fallback_source = file.fallback, "backend.json 'fallback'"
 
     plugins, var = _typed("TENSOR_OPS_PLUGINS", environ)
     s.plugins = [(m, f"env {var}") for m in plugins or ()]

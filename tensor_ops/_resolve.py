@@ -21,9 +21,14 @@ class Resolution:
     """The cached outcome of resolving one op under one policy."""
 
     __slots__ = ("op", "api", "tokens", "source", "forced", "strict", "candidates", "excluded",
-                 "by_impl", "fallbacks", "logged", "note", "seq")
+                 "by_impl", "fallbacks", "logged", "note", "seq", "guard", "guard_ok", "named")
 
     def __init__(self, op, api, tokens, source, forced, strict, candidates, excluded, note=""):
+        # guard > 0: the first ``guard`` candidates are the ones the user forced (or put first
+        # in a call's order); moving past them because all declined the call is an error
+        # (guard_ok False) or a counted, warned substitution (guard_ok True, a fallback was
+        # asked for). ``named`` is the backend token they answer to.
+        self.guard, self.guard_ok, self.named = 0, False, ""
         self.op, self.api, self.tokens, self.source = op, api, tokens, source
         self.forced, self.strict = forced, strict
         self.candidates: tuple = candidates

@@ -81,7 +81,7 @@ def _human(n: float) -> str:
 
 
 def exclusions(validation: dict) -> dict:
-    """{op: {impl_id: reason}} from :func:`tensor_ops._bench.validate`'s result."""
+    """{op: {impl_id: reason}} from :func:`tensor_ops._bench_impls.validate`'s result."""
     out: dict = {}
     for impl_id, rec in validation.items():
         for op, why in rec.get("excluded_ops", {}).items():
@@ -112,7 +112,9 @@ def build_tuning(results: list, validation: dict, copy_gbps: Optional[float], so
 def _buckets(op: str, dt: str, rows: list, excluded: dict) -> list:
     by_size: dict = {}
     for r in rows:
-        if r["token"] == "reference row" or not r.get("median_s") or r["impl_id"] in excluded:
+        # only impls timed with out= rank: baselines, fresh-output twins and the ceiling do not
+        if r.get("kind", "impl") != "impl" or r["token"] == "reference row" or not r.get("median_s") \
+                or r["impl_id"] in excluded:
             continue
         by_size.setdefault(r["nbytes"], []).append(r)
     sizes = sorted(by_size)

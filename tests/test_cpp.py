@@ -402,6 +402,87 @@ def test_concurrent_python_threads(C):
     assert not errors
 
 
+# ---------------------------------------------------------------------------- stream_copy
+def _bytes_view(buf: np.ndarray, offset: int, n: int) -> np.ndarray:
+    """n bytes of buf starting `offset` bytes past a 64-byte boundary (a misaligned view)."""
+    start = (-buf.ctypes.data) % 64 + offset
+    return buf[start:start + n]
+
+
+# 0, 1, 63 (all head/tail, no vector), 4097 and odd sizes (a body with a tail), 3 MiB + 5
+# (above the threading threshold: pieces on 2 threads)
+@pytest.mark.parametrize("n", [0, 1, 63, 64, 65, 129, 4097, 100_003, (3 << 20) + 5],
+                         ids=lambda n: f"{n}B")
+@pytest.mark.parametrize("src_off,dst_off", [(0, 0), (1, 0), (0, 1), (3, 7), (13, 13)],
+                         ids=["aligned", "src+1", "dst+1", "src+3,dst+7", "both+13"])
+def test_stream_copy_bytes(C, n, src_off, dst_off):
+    rng = np.random.default_rng(n + 31 * src_off + dst_off)
+    sbuf = rng.integers(0, 256, n + 128, dtype=np.uint8)
+    dbuf = np.zeros(n + 128, np.uint8)
+    src, dst = _bytes_view(sbuf, src_off, n), _bytes_view(dbuf, dst_off, n)
+    before = dbuf.copy()
+    nt = C.get_num_threads()
+    try:
+        C.set_num_threads(2)
+        assert C.stream_copy(src, dst) is None
+    finally:
+        C.set_num_threads(nt)
+    np.testing.assert_array_equal(dst, src)
+    # nothing outside dst was written
+    lo = dst.ctypes.data - dbuf.ctypes.data
+    np.testing.assert_array_equal(dbuf[:lo], before[:lo])
+    np.testing.assert_array_equal(dbuf[lo + n:], before[lo + n:])
+
+
+def test_stream_copy_any_dtypes_same_nbytes(C):
+    x = np.random.default_rng(32).standard_normal((37, 41)).astype(np.float32)
+    y = np.empty(x.nbytes, np.uint8)
+    C.stream_copy(x, y)
+    np.testing.assert_array_equal(y.view(np.float32).reshape(x.shape), x)
+    z = np.empty(2 * x.size, np.float16)  # same nbytes, another dtype and shape
+    C.stream_copy(x, z)
+    assert z.tobytes() == x.tobytes()
+    # float32 arrays 1 byte off their itemsize alignment, as src and as dst
+    sbuf, dbuf = np.zeros(41, np.uint8), np.zeros(41, np.uint8)
+    src = np.frombuffer(sbuf, np.float32, count=10, offset=1)
+    dst = np.frombuffer(dbuf, np.float32, count=10, offset=1)
+    assert not src.flags.aligned and not dst.flags.aligned
+    sbuf[1:] = np.arange(10, dtype=np.float32).view(np.uint8)
+    C.stream_copy(src, dst)
+    np.testing.assert_array_equal(dst, np.arange(10, dtype=np.float32))
+    d = np.zeros((), np.float64)  # 0-d arrays are C-contiguous too
+    C.stream_copy(np.array(2.5), d)
+    assert d == 2.5
+
+
+def test_stream_copy_refusals(C):
+    a = np.zeros(10, np.float32)
+    with pytest.raises(ValueError, match=r"src has 40 bytes but dst has 44 bytes"):
+        C.stream_copy(a, np.zeros(11, np.float32))
+    with pytest.raises(ValueError, match=r"src has 40 bytes but dst has 20 bytes"):
+        C.stream_copy(a, np.zeros(10, np.float16))
+    ro = np.zeros(10, np.float32)
+    ro.flags.writeable = False
+    with pytest.raises(ValueError, match="dst is read-only"):
+        C.stream_copy(a, ro)
+    with pytest.raises(ValueError, match="dst is read-only"):
+        C.stream_copy(a, np.broadcast_to(np.zeros(10, np.float32), (10,)))  # read-only view
+    C.stream_copy(ro, np.zeros(10, np.float32))  # a read-only src is fine
+    with pytest.raises(ValueError, match="src must be C-contiguous"):
+        C.stream_copy(np.zeros(20, np.float32)[::2], a)
+    with pytest.raises(ValueError, match="dst must be C-contiguous"):
+        C.stream_copy(a, np.zeros(20, np.float32)[::2])
+    with pytest.raises(TypeError, match="src must be a numpy.ndarray"):
+        C.stream_copy(b"x" * 40, a)
+    with pytest.raises(TypeError, match="dst has dtype object"):
+        C.stream_copy(np.zeros(10, np.int64), np.zeros(10, object))
+    x = np.arange(100, dtype=np.float32)
+    with pytest.raises(ValueError, match="overlap"):
+        C.stream_copy(x[:50], x[25:75])
+    C.stream_copy(x, x)  # the very same bytes: nothing to do
+    np.testing.assert_array_equal(x, np.arange(100, dtype=np.float32))
+
+
 # ---------------------------------------------------------------------------- tex kernels
 @pytest.mark.parametrize("dt", DTYPES)
 @pytest.mark.parametrize("zc", [False, True], ids=["gamma", "zero_centered"])
@@ -637,6 +718,43 @@ def test_stub_lists_the_module_api(C):
     declared = set(re.findall(r"^def (\w+)\(", text, re.M)) | set(re.findall(r"^(\w+): ", text, re.M))
     public = {n for n in dir(C) if not n.startswith("__")}
     assert public <= declared, f"missing from the stub: {sorted(public - declared)}"
+
+
+def _params(fn) -> list:
+    """(kind, name, default) per parameter of an ast function; default '-' when none."""
+    import ast
+    a = fn.args
+    out = [("posonly", p.arg) for p in a.posonlyargs] + [("pos", p.arg) for p in a.args]
+    defaults = ["-"] * (len(out) - len(a.defaults)) + [ast.literal_eval(d) for d in a.defaults]
+    out = [(k, n, d) for (k, n), d in zip(out, defaults)]
+    out += [("kwonly", p.arg, "-" if d is None else ast.literal_eval(d)) for p, d in zip(a.kwonlyargs, a.kw_defaults)]
+    return out
+
+
+def test_stub_signatures_match_the_bindings(C):
+    """What mypy.stubtest cannot check (pybind11 functions have no inspectable signature):
+    the parameter names, kinds and defaults of the stub against the signature line pybind11
+    writes at the top of each function's __doc__ (and __text_signature__ of the _fast_*)."""
+    import ast
+    import inspect
+    with open(os.path.join(ROOT, "tensor_ops", "_cpp.pyi")) as f:
+        stub = {n.name: n for n in ast.parse(f.read()).body if isinstance(n, ast.FunctionDef)}
+    kinds = {inspect.Parameter.POSITIONAL_ONLY: "posonly", inspect.Parameter.POSITIONAL_OR_KEYWORD: "pos",
+             inspect.Parameter.KEYWORD_ONLY: "kwonly"}
+    checked = 0
+    for name in sorted(n for n in dir(C) if not n.startswith("__") and callable(getattr(C, n))):
+        f = getattr(C, name)
+        if getattr(f, "__text_signature__", None):
+            sig = inspect.signature(f)
+            runtime = [(kinds[p.kind], p.name, "-" if p.default is p.empty else p.default)
+                       for p in sig.parameters.values()]
+        else:
+            line = (f.__doc__ or "").splitlines()[0]
+            assert line.startswith(name + "("), f"{name}: no pybind11 signature line in __doc__: {line!r}"
+            runtime = _params(ast.parse(f"def {line}: ...").body[0])
+        assert _params(stub[name]) == runtime, f"{name}: stub {_params(stub[name])} != runtime {runtime}"
+        checked += 1
+    assert checked >= 30
 
 
 @pytest.mark.skipif(not hasattr(os, "fork"), reason="os.fork is POSIX-only")

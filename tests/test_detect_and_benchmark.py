@@ -6,10 +6,12 @@ the run writes and how the resolver follows it.
 """
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import subprocess
 import sys
+import sysconfig
 import textwrap
 import warnings
 from pathlib import Path
@@ -102,8 +104,26 @@ def test_quick_run_writes_a_valid_tuning_table(quick_run):
     assert "detected" in data and "cpu" in data["detected"]
     assert quick_run["json"].is_file() and (quick_run["dir"] / "res" / "plot.png").stat().st_size > 1000
     raw = json.loads(quick_run["json"].read_text())
-    assert raw["copy"] and raw["results"] and raw["serving"]
+    assert raw["ceiling"] and raw["results"] and raw["serving"] and raw["mode"] == "quick"
     assert {r["backend"] for r in raw["results"]} >= {"numpy"}
+    ceil = [r for r in raw["results"] if r["kind"] == "ceiling"]
+    assert len(ceil) == 3 * 2 * 3 and all(r["gbps"] for r in ceil)         # one per (op, dtype, size)
+    assert tuning["copy_gbps"] == pytest.approx(raw["ceiling_gbps_largest"], rel=1e-3)
+    for r in raw["results"]:
+        if r["kind"] == "impl" and r["median_s"]:
+            assert r["x_ceiling"] > 0 and r["ceiling"] == raw["ceiling"]
+    assert [(d["op"], d["dtype"]) for d in raw["ladders"]] == [(o, dt) for o in ("silu", "relu", "softmax")
+                                                               for dt in ("float32", "float16")]
+
+
+def test_quick_run_prints_progress_lines_when_piped(quick_run):
+    out = quick_run["proc"].stdout
+    lines = [ln for ln in out.splitlines() if ln.startswith("[")]
+    assert lines[0] == "[1/6] silu float32 … eta ?", out[-3000:]
+    assert [ln.split(" … ")[0] for ln in lines] == [f"[{k}/6] {o} {dt}" for k, (o, dt) in enumerate(
+        [(o, dt) for o in ("silu", "relu", "softmax") for dt in ("float32", "float16")], 1)]
+    assert all(" … eta " in ln for ln in lines)
+    assert "× ceiling" in out and "ceiling: " in out
 
 
 def test_broken_backend_is_excluded_with_its_reason(quick_run):
@@ -244,6 +264,62 @@ def test_bench_cli_quick_does_not_write(tmp_path):
     assert out.with_suffix(".png").is_file()
     assert all(r["op"] == "relu" and r["dtype"] == "float32" for r in raw["results"])
     assert "relu" in p.stdout and "who serves each op now" in p.stdout
+
+
+def _dab():
+    spec = importlib.util.spec_from_file_location("_dab_under_test", ROOT / "detect_and_benchmark.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_build_steps_that_are_up_to_date_are_not_rerun(tmp_path, monkeypatch):
+    dab = _dab()
+    (tmp_path / "cpp_ext").mkdir()
+    (tmp_path / "tensor_ops" / "_build").mkdir(parents=True)
+    src = [tmp_path / "cpp_ext" / "norm.cpp", tmp_path / "cpp_ext" / "simd.h", tmp_path / "setup.py",
+           tmp_path / "tensor_ops" / "_build" / "cpp_build.py"]
+    so = tmp_path / "tensor_ops" / ("_cpp" + sysconfig.get_config_var("EXT_SUFFIX"))
+    for p in src + [so]:
+        p.write_text("x")
+    monkeypatch.setattr(dab, "ROOT", tmp_path)
+    for k in ("TENSOR_OPS_CPP_SANITIZE", "TENSOR_OPS_CPP_VARIANTS", "TENSOR_OPS_SKIP_CPP"):
+        monkeypatch.delenv(k, raising=False)
+    os.utime(so, (2000, 2000))
+    for p in src:
+        os.utime(p, (1000, 1000))
+    assert "is newer than cpp_ext/" in dab.up_to_date("cpp")
+    os.utime(src[1], (3000, 3000))                     # a header changed: rebuild
+    assert dab.up_to_date("cpp") == ""
+    os.utime(src[1], (1000, 1000))
+    monkeypatch.setenv("TENSOR_OPS_CPP_SANITIZE", "1")  # a build switch: always build
+    assert dab.up_to_date("cpp") == ""
+    assert dab.up_to_date("cuda") == ""                 # no fatbin here
+    plan = {n: skip for n, _, skip in dab.build_plan({"compilers": {"nvcc": {"path": "/x/nvcc"}, "g++": {"path": "g"}},
+                                                      "cuda": {"available": False, "reason": "no GPU"},
+                                                      "opencl": {"available": True}})}
+    assert plan["cpp"] == "" and plan["opencl"] == "" and plan["cuda"].startswith("no CUDA device visible (no GPU)")
+
+
+def test_plan_from_the_options():
+    import argparse
+    from tensor_ops import _bench_cli
+    p = argparse.ArgumentParser()
+    _bench_cli.add_arguments(p)
+
+    def plan(*argv):
+        return _bench_cli.make_plan(p.parse_args(list(argv)), [], 32 << 20)
+    d = plan()
+    assert (d.mode, d.time_budget_s, d.baselines, d.budget_s) == ("default", _bench_cli.TIME_BUDGET, ("torch",), 0.05)
+    f = plan("--full")
+    assert (f.mode, f.time_budget_s, f.budget_s) == ("full", None, 0.1)
+    assert plan("--quick").mode == "quick" and plan("--quick").time_budget_s is None
+    fixed = plan("--sizes", "64,1")
+    assert fixed.mode == "fixed" and fixed.shapes == [(1, 4096), (64, 4096)] and fixed.matmul_sides == (1, 64)
+    assert plan("--compile").baselines == ("torch", "torch.compile") and plan("--no-torch").baselines == ()
+    assert plan("--time-budget", "0").time_budget_s is None and plan("--time-budget", "90").time_budget_s == 90
+    with pytest.raises(SystemExit):
+        p.parse_args(["--quick", "--full"])
 
 
 def test_bench_cli_rejects_unknown_op(tmp_path):

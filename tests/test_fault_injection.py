@@ -143,22 +143,33 @@ def test_impl_lying_about_dtype_is_caught_by_the_result_check():
         assert res[0].dtype == np.float16 and len(warns) == 1 and "dtype float32" in warns[0]
 
 
-def test_impl_raising_a_user_error_type_propagates():
-    """The contract: ValueError/TypeError from an impl are user errors and propagate (so an
-    impl must never use them for 'I cannot do this'); documented in CONTRIBUTING.md."""
+@pytest.mark.parametrize("exc", [TypeError, ValueError])
+def test_user_error_types_raised_inside_an_impl_are_its_failure(exc):
+    """A facade call is fully validated by its op definition before dispatch, so a
+    TypeError/ValueError from inside an impl (e.g. a plugin kernel that cannot take the
+    arguments) is that impl's failure: fall back with one warning, count it."""
     def fn(x, out):
-        raise TypeError("injected: vendor rejects this input")
+        raise exc("injected: vendor rejects this input")
     with Vendor("silu", fn, supports=lambda x, out=None: True) as v:
-        with pytest.raises(TypeError, match="vendor rejects"):
-            to.silu(X, backend=v.order)
+        res, warns = _calls(v, n=2)
+        np.testing.assert_array_equal(res[0], _silu_ref(X))
+        assert len(warns) == 1 and "vendor rejects" in warns[0]
+        assert _failures("silu", v.impl_id)["count"] == 2
 
 
-def test_declining_supports_is_silent():
+def test_declining_supports_is_not_a_failure():
+    """supports() declining is not a failure (nothing counted under failures); with a call's
+    own order the next backend serves with one BackendFallbackWarning saying what the first
+    one does not support, counted under 'substituted'; under the default order it is silent."""
     with Vendor("silu", _raise_runtime, supports=lambda x, out=None: False) as v:
         res, warns = _calls(v, n=2)
-        assert not warns and _failures("silu", v.impl_id) is None
-        calls = to.get_backend_info()["ops"]["silu"]["calls"]
-        assert v.impl_id not in calls
+        assert len(warns) == 1 and "does not support float32" in warns[0], warns
+        assert _failures("silu", v.impl_id) is None
+        info = to.get_backend_info()["ops"]["silu"]
+        assert v.impl_id not in info["calls"] and info["substituted"][v.name]["count"] == 2
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            to.silu(X)          # default order: the vendor is first but declines, silently
 
 
 def test_supports_raising_is_a_backend_failure():

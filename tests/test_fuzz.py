@@ -334,6 +334,15 @@ def _implements(b: str, op: str) -> bool:
     return any(i.backend == b for i in to.get_registry().get_impls(op, "facade"))
 
 
+def _serves_dtype(b: str, dtype: str) -> bool:
+    """Whether backend ``b`` computes ``dtype`` (its contract's dtypes; None: assume so)."""
+    backend = getattr(to._global.builtins().get(b), "BACKEND", None)
+    dts = getattr(backend, "dtypes", None)
+    if backend is None:      # a module not on the contract yet: the native backends compute fp16/fp32
+        dts = None if b == "numpy" else ("float16", "float32")
+    return dts is None or dtype in dts
+
+
 class _Policy:
     """Force ``backend`` through TENSOR_OPS_BACKEND (no keyword), restoring the environment."""
 
@@ -522,9 +531,15 @@ def check(p: dict, backends=None, skip_known: bool = True) -> int:
         warnings.simplefilter("error", BackendFallbackWarning)
         warnings.simplefilter("ignore", RuntimeWarning)
         for b in backends or available_backends():
-            if b != "numpy" and not _implements(b, facade_fn(p["op"]).__name__):
+            if b != "numpy" and not _implements(b, facade_op(p["op"])):
                 continue
             if skip_known and known_defect(p, b):
+                continue
+            if not _serves_dtype(b, p["dtype"]):
+                # a forced backend is never silently replaced: the call must say so
+                with pytest.raises(to.BackendUnsupportedError, match=p["dtype"]):
+                    _call(p, b, x, args, kw)
+                runs += 1
                 continue
             got = _call(p, b, x, args, kw)
             ig = ignore

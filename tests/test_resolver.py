@@ -151,17 +151,66 @@ def test_forced_unavailable_backend_is_an_error():
         reg.unregister_impl("relu", "vendor.ghost", "facade")
 
 
-def test_forced_backend_without_the_op_uses_reference(monkeypatch, unforced):
+def test_forced_backend_without_the_op_is_an_error(monkeypatch, unforced):
+    """A forced backend is never silently replaced: an op it lacks is a clear error naming
+    the backend, the op and what it serves, unless a fallback is asked for."""
     reg = to.get_registry()
     reg.register_impl(_impl("silu", "vendor.only_silu"))
     try:
         monkeypatch.setenv("TENSOR_OPS_BACKEND", "only_silu")
         to.reload_config()
-        y = to.relu(np.array([-1.0, 2.0], np.float32))
+        with pytest.raises(to.BackendUnsupportedError, match=r"'only_silu' was forced .* does not support op 'relu'.*ops \['silu'\]"):
+            to.relu(np.array([-1.0, 2.0], np.float32))
+        monkeypatch.setenv("TENSOR_OPS_FALLBACK_BACKEND", "numpy")
+        to.reload_config()
+        with pytest.warns(to.BackendFallbackWarning, match="does not support op 'relu'"):
+            y = to.relu(np.array([-1.0, 2.0], np.float32))
         assert list(y) == [0, 2]
-        assert "no 'relu'" in to.get_backend_info()["ops"]["relu"]["note"]
+        info = to.get_backend_info()["ops"]["relu"]
+        assert "no 'relu'" in info["note"] and info["substituted"]["only_silu"]["count"] == 1
     finally:
         reg.unregister_impl("silu", "vendor.only_silu", "facade")
+
+
+@pytest.mark.parametrize("how", ["keyword", "use_backend", "set_backend", "env", "config"])
+def test_forced_backend_that_declines_the_dtype_is_an_error(how, monkeypatch, isolated_config, unforced):
+    """float64 is not a dtype cpp computes: forcing cpp must not measure the NumPy reference
+    without saying so. The same error for every way of forcing."""
+    if not to.get_manager().availability(to.get_registry().get_impl("silu", "default.cpp", "facade"))[0]:
+        pytest.skip("cpp unavailable")
+    x = np.ones((2, 8))
+    call = {"keyword": lambda: to.silu(x, backend="cpp")}.get(how, lambda: to.silu(x))
+    if how == "use_backend":
+        ctx = to.use_backend("cpp")
+    else:
+        import contextlib
+        ctx = contextlib.nullcontext()
+    if how == "set_backend":
+        to.set_backend("cpp")
+    elif how == "env":
+        monkeypatch.setenv("TENSOR_OPS_BACKEND", "cpp")
+        to.reload_config()
+    elif how == "config":
+        isolated_config.write_text('{"schema_version": 1, "force": "cpp"}')
+        to.reload_config()
+    try:
+        with ctx, pytest.raises(to.BackendUnsupportedError) as err:
+            call()
+        msg = str(err.value)
+        assert "'silu'" in msg and "'cpp' was forced" in msg and "float64" in msg
+        assert "dtypes ['float16', 'float32']" in msg and "TENSOR_OPS_FALLBACK_BACKEND" in msg
+    finally:
+        to.set_backend(None)
+
+
+def test_fallback_setting_in_backend_json(isolated_config, unforced):
+    isolated_config.write_text('{"schema_version": 1, "force": "cpp", "fallback": ["numpy"]}')
+    to.reload_config()
+    if not to.get_backend_info()["backends"]["cpp"]["available"]:
+        pytest.skip("cpp unavailable")
+    with pytest.warns(to.BackendFallbackWarning, match="float64"):
+        y = to.silu(np.zeros((2, 8)))
+    assert y.dtype == np.float64 and to.get_backend_info()["settings"]["fallback"]["source"] == "backend.json 'fallback'"
 
 
 def _failing(op="relu", exc=RuntimeError("driver exploded")):
@@ -198,12 +247,17 @@ def test_strict_turns_fallback_into_error(monkeypatch, unforced):
         reg.unregister_impl("relu", "vendor.broken", "facade")
 
 
-def test_user_errors_from_impls_are_not_fallbacks(unforced):
+def test_value_errors_from_facade_impls_are_backend_failures(unforced):
+    """Validation happened before dispatch (the op's spec): a ValueError from inside an impl
+    is that impl's failure, so the next backend serves (with one warning)."""
     reg = to.get_registry()
     reg.register_impl(_failing(exc=ValueError("bad value from impl")))
     try:
-        with pytest.raises(ValueError, match="bad value from impl"):
-            to.relu(X, backend="broken,numpy")
+        with warnings.catch_warnings():          # warned once per (op, impl) and process
+            warnings.simplefilter("ignore")
+            y = to.relu(X, backend="broken,numpy")
+        np.testing.assert_array_equal(y, np.maximum(X, 0))
+        assert "bad value from impl" in to.get_backend_info()["ops"]["relu"]["failures"]["vendor.broken"]["last_error"]
     finally:
         reg.unregister_impl("relu", "vendor.broken", "facade")
 

@@ -6,8 +6,9 @@ setup.py loads this file by path (never ``import tensor_ops``) and uses::
 
 The kernel sources (``KERNEL_SOURCES``) are compiled once per variant, each time with
 ``-DTO_ISA=<n>`` and only that variant's flags, into separate object directories, and linked
-with the binding ``module.cpp`` (baseline flags) into one extension; the module picks a
-variant at import with ``__builtin_cpu_supports``. Nothing is built with ``-march=native``.
+with the binding sources (``BINDING_SOURCES``, compiled once with baseline flags, in the
+same thread pool) into one extension; the module picks a variant at import with
+``__builtin_cpu_supports``. Nothing is built with ``-march=native``.
 
 Environment (declared in ``tensor_ops/_env.py``, read through it):
     TENSOR_OPS_SKIP_CPP=1       do not build the extension at all
@@ -28,6 +29,7 @@ adds ``last_failed_build`` beside it (the old module stays in use).
 """
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import os
 import platform
@@ -50,8 +52,19 @@ _env = jsonfile.env
 
 EXT_NAME = "tensor_ops._cpp"
 SRC_DIR = "cpp_ext"  # relative to setup.py, as setuptools wants
-KERNEL_SOURCES = ["norm.cpp", "softmax.cpp", "activation.cpp", "rope.cpp", "optim.cpp", "table.cpp"]
+# Compiled once per ISA variant (-DTO_ISA=<n> + that variant's flags).
+# One file per op family; the family names (norm, softmax, activation, rope, optim, common)
+# are the same in cpp_ext/, opencl_ext/ and cuda_ext/.
+KERNEL_SOURCES = ["norm.cpp", "softmax.cpp", "activation.cpp", "rope.cpp", "optim.cpp", "common.cpp", "table.cpp"]
 HEADERS = ["simd.h", "vmath.h", "kernels.h", "variant.h"]
+# Compiled once with the baseline flags; module.cpp holds only PYBIND11_MODULE. Only
+# runtime.cpp is free of pybind11, whose headers cost ~8 s of CPU per file here (gcc 12,
+# -O3 -g): the others compile in the kernels' thread pool. runtime.cpp alone uses what is
+# known only after the kernels compiled (TO_HAVE_<variant>, the generated to_build_info.h).
+BINDING_SOURCES = ["module.cpp", "runtime.cpp", "checks.cpp", "alloc.cpp", "bind_facade.cpp", "bind_tex.cpp",
+                   "bind_runtime.cpp", "fast_entry.cpp"]
+LATE_BINDING_SOURCES = ["runtime.cpp"]
+BINDING_HEADERS = ["kernels.h", "runtime.h", "checks.h", "alloc.h", "binding.h"]
 
 _UNIX_VARIANTS = {
     "scalar": (0, []),
@@ -90,9 +103,10 @@ def extensions() -> list:
     return [
         Extension(
             EXT_NAME,
-            sources=[str(src / "module.cpp")],
+            sources=[str(src / s) for s in BINDING_SOURCES],
             include_dirs=[SRC_DIR],
-            depends=[str(src / h) for h in HEADERS] + [str(src / s) for s in KERNEL_SOURCES],
+            depends=[str(src / h) for h in sorted(set(HEADERS) | set(BINDING_HEADERS))]
+            + [str(src / s) for s in KERNEL_SOURCES],
             language="c++",
         )
     ]
@@ -132,6 +146,29 @@ def _record_failure(reason: str) -> None:
     rec = dict(old) if isinstance(old, dict) and old.get("ok") else {"ok": True, "module": existing}
     rec["last_failed_build"] = reason
     _record(rec)
+
+
+@contextlib.contextmanager
+def _reuse_objects(compiler, prebuilt: dict):
+    """Within the block, ``compiler.compile`` returns the objects already built for the
+    sources in ``prebuilt`` ({source: [objects]}) and compiles only the others."""
+    patched_before = "compile" in vars(compiler)
+    real = compiler.compile
+
+    def compile(sources, *args, **kwargs):
+        out: list = []
+        for src in sources:
+            out += prebuilt[src] if src in prebuilt else real([src], *args, **kwargs)
+        return out
+
+    compiler.compile = compile
+    try:
+        yield
+    finally:
+        if patched_before:
+            compiler.compile = real
+        else:
+            del compiler.compile  # back to the class's method
 
 
 class BuildExt(build_ext):
@@ -201,11 +238,26 @@ class BuildExt(build_ext):
         tmp = Path(self.build_temp).resolve() / "tensor_ops_cpp"
         tmp.mkdir(parents=True, exist_ok=True)
         omp_c, omp_l, has_omp = self._openmp_flags(msvc, tmp)
+        gen = tmp / "gen"
+        gen.mkdir(exist_ok=True)
+        ext.include_dirs = list(ext.include_dirs) + [include, str(gen)]
+        ext.extra_compile_args = list(ext.extra_compile_args or []) + common + omp_c
+        ext.extra_link_args = list(ext.extra_link_args or []) + link + omp_l
 
-        jobs = [(name, isa, vflags, src) for name, (isa, vflags) in variants.items() for src in KERNEL_SOURCES]
+        # One pool for the kernel variants and the binding files (each binding file spends
+        # seconds in the pybind11 headers): all but LATE_BINDING_SOURCES, which need to know
+        # which variants compiled, build alongside the kernels; setuptools then compiles
+        # those and links (the others are handed over by _reuse_objects).
+        jobs = [("kernel", name, isa, vflags, src) for name, (isa, vflags) in variants.items() for src in KERNEL_SOURCES]
+        jobs += [("binding", None, None, None, src) for src in ext.sources if Path(src).name not in LATE_BINDING_SOURCES]
+        macros = list(ext.define_macros or []) + [(u,) for u in ext.undef_macros or []]
 
         def compile_one(job):
-            name, isa, vflags, src = job
+            kind, name, isa, vflags, src = job
+            if kind == "binding":  # exactly what build_extension would do for it
+                return self.compiler.compile([src], output_dir=self.build_temp, macros=macros,
+                                             include_dirs=ext.include_dirs, debug=self.debug,
+                                             extra_postargs=ext.extra_compile_args, depends=ext.depends)
             return self.compiler.compile(
                 [f"{SRC_DIR}/{src}"],
                 output_dir=str(tmp / f"isa_{name}"),
@@ -216,15 +268,25 @@ class BuildExt(build_ext):
             )
 
         objects: dict[str, list] = {name: [] for name in variants}
+        prebuilt: dict[str, list] = {}
         errors: dict[str, str] = {}
+        binding_errors: list[str] = []
         workers = max(1, min(len(jobs), os.cpu_count() or 1))
         with ThreadPoolExecutor(max_workers=workers) as pool:
             futures = [(job, pool.submit(compile_one, job)) for job in jobs]
             for job, fut in futures:
                 try:
-                    objects[job[0]].extend(fut.result())
+                    if job[0] == "binding":
+                        prebuilt[job[4]] = fut.result()
+                    else:
+                        objects[job[1]].extend(fut.result())
                 except Exception as exc:
-                    errors.setdefault(job[0], f"{job[3]}: {type(exc).__name__}: {exc}")
+                    if job[0] == "binding":
+                        binding_errors.append(f"{job[4]}: {type(exc).__name__}: {exc}")
+                    else:
+                        errors.setdefault(job[1], f"{job[4]}: {type(exc).__name__}: {exc}")
+        if binding_errors:
+            raise RuntimeError(f"the binding failed to compile ({binding_errors[0]})")
         if "scalar" in errors:
             raise RuntimeError(f"the portable kernel variant failed to compile ({errors['scalar']})")
         built = [name for name in variants if name not in errors]
@@ -237,18 +299,14 @@ class BuildExt(build_ext):
         for name in ("scalar", "avx2", "avx512"):
             fl = " ".join(variants[name][1]) if name in built else "(not built)"
             header.append(f'#define TO_FLAGS_{name.upper()} "{quote(fl)}"')
-        gen = tmp / "gen"
-        gen.mkdir(exist_ok=True)
         (gen / "to_build_info.h").write_text("\n".join(header) + "\n")
 
         ext.extra_objects = list(ext.extra_objects or []) + [o for name in built for o in objects[name]]
         ext.define_macros = list(ext.define_macros or []) + [(f"TO_HAVE_{n.upper()}", "1") for n in built if n != "scalar"]
-        ext.include_dirs = list(ext.include_dirs) + [include, str(gen)]
-        ext.extra_compile_args = list(ext.extra_compile_args or []) + common + omp_c
-        ext.extra_link_args = list(ext.extra_link_args or []) + link + omp_l
-        # module.cpp must be rebuilt whenever the variant objects change.
+        # Relink whenever the variant objects change.
         ext.depends = list(ext.depends or []) + [o for name in built for o in objects[name]]
-        super().build_extension(ext)
+        with _reuse_objects(self.compiler, prebuilt):
+            super().build_extension(ext)
         compiler = getattr(self.compiler, "compiler_so", None) or [self.compiler.compiler_type]
         _record({
             "ok": True,

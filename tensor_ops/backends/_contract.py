@@ -100,6 +100,7 @@ class Backend:
     probe: Callable[[], str]
     kind: BackendImplKind = BackendImplKind.DEFAULT
     array_kinds: tuple = ("numpy",)
+    dtypes: Optional[tuple] = None          # the dtypes it computes (None: ask supports())
     device_only: bool = False
     supports: Any = None                    # callable, or {op: callable}
     info: Optional[Callable[[], dict]] = None
@@ -140,7 +141,8 @@ class Backend:
         """What ``get_<name>_info()`` returns: availability, reason, array kinds, ops, info."""
         ok, why = self.availability()
         out = {"available": ok, "reason": None if ok else why, "summary": why if ok else None,
-               "array_kinds": list(self.array_kinds), "device_only": self.device_only,
+               "array_kinds": list(self.array_kinds), "dtypes": list(self.dtypes) if self.dtypes else None,
+               "device_only": self.device_only,
                "ops": sorted(self.ops), **self.names()}
         if ok and self.info is not None:
             try:

@@ -140,7 +140,7 @@ def info() -> dict:
 
 
 BACKEND = Backend(name="cpp", ops={op: _stub(op) for op in KERNEL_OPS}, probe=_probe_backend,
-                  array_kinds=("numpy",), supports=_supports, info=info)
+                  array_kinds=("numpy",), dtypes=("float16", "float32"), supports=_supports, info=info)
 BACKEND.availability.on_ok.append(_bind_native)
 
 

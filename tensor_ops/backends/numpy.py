@@ -142,7 +142,7 @@ def info() -> dict:
 
 
 BACKEND = Backend(name="numpy", ops=ops_from(globals()), probe=_probe, kind=BackendImplKind.REFERENCE,
-                  array_kinds=("numpy",), supports=_supports_host, info=info)
+                  array_kinds=("numpy",), dtypes=("float16", "float32", "float64"), supports=_supports_host, info=info)
 
 
 def get_numpy_info() -> dict:

@@ -1,0 +1,165 @@
+// bind_tex.cpp: the TransformerEngine-named kernels of tensor_ops._cpp (norm backward,
+// Adam, scale, l2norm; compiled once, baseline flags). The tex adapters
+// (tensor_ops/tex/_cpp_adapters.py) call them with NumPy views of torch tensors.
+#include <pybind11/pybind11.h>
+
+#include <cstring>
+#include <memory>
+
+#include "alloc.h"
+#include "binding.h"
+#include "checks.h"
+#include "runtime.h"
+
+namespace to {
+namespace {
+
+// Per-thread fp32 partials of dgamma/dbeta, reduced after the parallel region and cast.
+py::tuple norm_bwd(bool layer, const py::object& dz_, const py::object& x_, const py::object& mu_,
+                   const py::object& rsigma_, const py::object& g_, const py::object& dx_, const py::object& dg_,
+                   const py::object& db_, bool zc, const py::object& dtype) {
+    const bool bf = parse_bf16(dtype);
+    Arr x = get(x_, "x", bf), dz = get(dz_, "dz", bf, x.dt), g = get(g_, "gamma", bf, x.dt), dx, dg, db;
+    if (!same_shape(dz, x)) shape_error("dz has shape " + shape_str(dz) + " but x has " + shape_str(x));
+    int64_t rows, n;
+    rows_n(x, "x", rows, n);
+    check_vec(g, "gamma", n);
+    Arr rs = get_f32(rsigma_, "rsigma");
+    if (rs.size != rows) shape_error("rsigma must hold one float32 per row (" + std::to_string(rows) + ")");
+    const float* mu = nullptr;
+    if (layer) {
+        Arr m = get_f32(mu_, "mu");
+        if (m.size != rows) shape_error("mu must hold one float32 per row (" + std::to_string(rows) + ")");
+        mu = (const float*)m.data;
+    }
+    py::object rdx = get_out(dx_, x, dx, bf, "dx");
+    py::object rdg = get_out(dg_, g, dg, bf, "dgamma");
+    py::object rdb = py::none();
+    if (layer) rdb = get_out(db_, g, db, bf, "dbeta");
+    const int es = ELSIZE[x.dt];
+    const int64_t bytes = 3 * x.size * es;
+    const int nth = rows ? threads_for(bytes, rows) : 1;
+    const int nacc = layer ? 2 : 1;
+    std::unique_ptr<float[]> acc(new float[(size_t)nth * nacc * (size_t)n + 1]);
+    {
+        py::gil_scoped_release nogil;
+        std::memset(acc.get(), 0, sizeof(float) * (size_t)nth * nacc * (size_t)n);
+        float* A = acc.get();
+        if (rows) {
+            const float* rsp = (const float*)rs.data;
+            parallel_units(rows, nth, [&](int64_t b, int64_t e, int t) {
+                float* dga = A + (size_t)t * nacc * n;
+                if (layer)
+                    g_k->layer_norm_bwd[x.dt](dz.data + b * n * es, x.data + b * n * es, mu + b, rsp + b, g.data,
+                                              dx.data + b * n * es, dga, dga + n, e - b, n, zc);
+                else
+                    g_k->rms_norm_bwd[x.dt](dz.data + b * n * es, x.data + b * n * es, rsp + b, g.data,
+                                            dx.data + b * n * es, dga, e - b, n, zc);
+            });
+        }
+        for (int t = 1; t < nth; ++t)
+            for (int64_t i = 0; i < nacc * n; ++i) A[i] += A[(size_t)t * nacc * n + i];
+        g_k->from_f32[x.dt](A, dg.data, n);
+        if (layer) g_k->from_f32[x.dt](A + n, db.data, n);
+    }
+    if (layer) return py::make_tuple(rdx, rdg, rdb);
+    return py::make_tuple(rdx, rdg);
+}
+
+void adam_step(const py::object& g_, const py::object& p_, const py::object& m_, const py::object& v_, float lr,
+               float beta1, float beta2, float eps, float bc1, float bc2, int mode, float wd,
+               const py::object& master_, const py::object& dtype) {
+    const bool bf = parse_bf16(dtype);
+    Arr g = get(g_, "g", bf), p = get(p_, "p", bf, -1, true), m = get_f32(m_, "m", true), v = get_f32(v_, "v", true);
+    if (mode != 0 && mode != 1) throw py::value_error("mode=" + std::to_string(mode) + " is not one of [0 (L2), 1 (AdamW)]");
+    if (!(bc1 > 0.f) || !(bc2 > 0.f)) throw py::value_error("bc1 and bc2 must be > 0 (1 - beta^step, or 1)");
+    const int64_t n = g.size;
+    if (p.size != n || m.size != n || v.size != n)
+        shape_error("g, p, m, v must have the same number of elements, got " + std::to_string(g.size) + ", " +
+                    std::to_string(p.size) + ", " + std::to_string(m.size) + ", " + std::to_string(v.size));
+    float* master = nullptr;
+    if (!master_.is_none()) {
+        Arr ms = get_f32(master_, "master", true);
+        if (ms.size != n) shape_error("master must have " + std::to_string(n) + " elements, got " + std::to_string(ms.size));
+        master = (float*)ms.data;
+    } else if (p.dt != DT_F32) {
+        throw py::type_error(std::string("p has dtype ") + DT_NAME[p.dt] +
+                             "; without master= the parameters must be float32 (pass master= for 16-bit params)");
+    }
+    if (n == 0) return;
+    AdamParams a{lr, beta1, beta2, eps, bc1, bc2, wd, mode};
+    auto k = g_k->adam[g.dt][p.dt];
+    const int eg = ELSIZE[g.dt], ep = ELSIZE[p.dt];
+    const int64_t bytes = n * (eg + ep + 16 + (master ? 8 : 0));
+    py::gil_scoped_release nogil;
+    parallel_flat(n, bytes, [&](int64_t b, int64_t e, int) {
+        k(g.data + b * eg, p.data + b * ep, (float*)m.data + b, (float*)v.data + b, master ? master + b : nullptr, e - b, &a);
+    });
+}
+
+bool scale(const py::object& in_, const py::object& out_, float s, const py::object& dtype) {
+    const bool bf = parse_bf16(dtype);
+    Arr in = get(in_, "inp", bf), out = get(out_, "out", bf, -1, true);
+    if (in.size != out.size)
+        shape_error("out has " + std::to_string(out.size) + " elements, inp has " + std::to_string(in.size));
+    if (in.size == 0) return false;
+    if (in.data != out.data) {  // in place is fine; any other overlap is not
+        const char *a0 = in.data, *a1 = in.data + in.size * ELSIZE[in.dt];
+        const char *b0 = out.data, *b1 = out.data + out.size * ELSIZE[out.dt];
+        if (a0 < b1 && b0 < a1) shape_error("out overlaps inp (only exact in-place is supported)");
+    } else if (in.dt != out.dt) {
+        shape_error("in-place scale needs inp and out of the same dtype");
+    }
+    auto k = g_k->scale[in.dt][out.dt];
+    const int ei = ELSIZE[in.dt], eo = ELSIZE[out.dt];
+    int flags[256] = {0};
+    py::gil_scoped_release nogil;
+    parallel_flat(in.size, in.size * (ei + eo), [&](int64_t b, int64_t e, int t) {
+        flags[t & 255] |= k(in.data + b * ei, out.data + b * eo, e - b, s);
+    });
+    int f = 0;
+    for (int i = 0; i < 256; ++i) f |= flags[i];
+    return f != 0;
+}
+
+double l2norm_sq(const py::object& x_, const py::object& dtype) {
+    const bool bf = parse_bf16(dtype);
+    Arr x = get(x_, "x", bf);
+    if (x.size == 0) return 0.0;
+    auto k = g_k->sumsq[x.dt];
+    const int es = ELSIZE[x.dt];
+    double part[256] = {0};
+    py::gil_scoped_release nogil;
+    parallel_flat(x.size, x.size * es, [&](int64_t b, int64_t e, int t) { part[t & 255] += k(x.data + b * es, e - b); });
+    double s = 0.0;
+    for (int i = 0; i < 256; ++i) s += part[i];
+    return s;
+}
+
+}  // namespace
+
+void register_tex(py::module_& m) {
+    using namespace pybind11::literals;
+    auto none = py::none();
+    m.def(
+        "rms_norm_bwd",
+        [](const py::object& dz, const py::object& x, const py::object& rsigma, const py::object& gamma,
+           const py::object& dx, const py::object& dgamma, bool zc, const py::object& dt) {
+            return norm_bwd(false, dz, x, py::none(), rsigma, gamma, dx, dgamma, py::none(), zc, dt);
+        },
+        "dz"_a, "x"_a, "rsigma"_a, "gamma"_a, "dx"_a = none, "dgamma"_a = none, "zero_centered_gamma"_a = false,
+        py::kw_only(), "dtype"_a = none);
+    m.def(
+        "layer_norm_bwd",
+        [](const py::object& dz, const py::object& x, const py::object& mu, const py::object& rsigma,
+           const py::object& gamma, const py::object& dx, const py::object& dgamma, const py::object& dbeta, bool zc,
+           const py::object& dt) { return norm_bwd(true, dz, x, mu, rsigma, gamma, dx, dgamma, dbeta, zc, dt); },
+        "dz"_a, "x"_a, "mu"_a, "rsigma"_a, "gamma"_a, "dx"_a = none, "dgamma"_a = none, "dbeta"_a = none,
+        "zero_centered_gamma"_a = false, py::kw_only(), "dtype"_a = none);
+    m.def("adam_step", &adam_step, "g"_a, "p"_a, "m"_a, "v"_a, "lr"_a, "beta1"_a, "beta2"_a, "eps"_a, "bc1"_a, "bc2"_a,
+          "mode"_a, "weight_decay"_a, "master"_a = none, py::kw_only(), "dtype"_a = none);
+    m.def("scale", &scale, "inp"_a, "out"_a, "scale"_a, py::kw_only(), "dtype"_a = none);
+    m.def("l2norm_sq", &l2norm_sq, "x"_a, py::kw_only(), "dtype"_a = none);
+}
+
+}  // namespace to

@@ -1,0 +1,36 @@
+// binding.h: what the binding files of tensor_ops._cpp declare for each other.
+//
+//   module.cpp        PYBIND11_MODULE: init_runtime(), then the register_* below, in order
+//   bind_facade.cpp   the facade ops (rms_norm, layer_norm, softmax, silu, relu, gelu,
+//                     swiglu, geglu, rope; _exp/_tanh test hooks)
+//   bind_tex.cpp      the tex kernels (rms_norm_bwd, layer_norm_bwd, adam_step, scale,
+//                     l2norm_sq)
+//   bind_runtime.cpp  threads, tuning hooks, build_info, the output cache, stream_copy
+//   fast_entry.cpp    the facade's plain-call METH_FASTCALL entries (_fast_*)
+//   checks.cpp/.h     array checks at the boundary; alloc.cpp/.h fresh outputs;
+//   runtime.cpp/.h    ISA choice, threads, fork safety, environment (no pybind11)
+#pragma once
+
+#include <pybind11/pybind11.h>
+
+namespace to {
+
+namespace py = pybind11;
+
+// The facade ops (bind_facade.cpp), also called by the fast entries. unary: op is a Unary
+// (kernels.h), glu: g is a Glu.
+py::object rms_norm(const py::object& x, const py::object& w, float eps, const py::object& out,
+                    const py::object& rsigma, bool zc, const py::object& dtype);
+py::object layer_norm(const py::object& x, const py::object& w, const py::object& b, float eps,
+                      const py::object& out, const py::object& mu, const py::object& rsigma, bool zc,
+                      const py::object& dtype);
+py::object softmax(const py::object& x, const py::object& out, const py::object& dtype);
+py::object unary(int op, const py::object& x, const py::object& out, const py::object& dtype);
+py::object glu(int g, const py::object& x, const py::object& out, const py::object& dtype);
+
+void register_facade(py::module_& m);
+void register_tex(py::module_& m);
+void register_runtime(py::module_& m);
+void register_fast(py::module_& m);
+
+}  // namespace to

@@ -1,0 +1,101 @@
+// runtime.h: process-wide state of tensor_ops._cpp: the chosen kernel table, the thread
+// count, the size thresholds, fork safety, and the helpers that split work over OpenMP
+// threads. No pybind11 here: runtime.cpp compiles in well under a second, and every
+// binding file includes this header.
+//
+// Every environment variable the C++ code reads is read in runtime.cpp::init_runtime(), at
+// import (the list is at the top of runtime.cpp).
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#if defined(_OPENMP)
+#include <omp.h>
+#endif
+
+#include "kernels.h"
+
+namespace to {
+
+// ---- state (defined in runtime.cpp) -----------------------------------------------------
+extern const KernelTable* g_k;  // the variant picked at import
+extern std::string g_isa_note;  // why a lower variant was picked ("" when none was capped)
+extern int g_threads;           // set_num_threads(); 1 in a child forked after OpenMP ran
+extern bool g_forked_after_omp;
+extern std::atomic<bool> g_omp_used;
+// Below this many bytes touched (inputs + outputs) a call stays on one thread.
+extern int64_t g_par_bytes;
+// Outputs at least this large are written with non-temporal (streaming) stores.
+extern int64_t g_nt_bytes;
+// The fresh-output block cache (alloc.cpp): outputs >= g_cache_min bytes come from it and
+// at most g_cache_cap bytes stay cached.
+extern int64_t g_cache_min;
+extern int64_t g_cache_cap;
+
+// Picks the kernel table, reads the environment, installs the fork handler. Throws
+// std::invalid_argument with the message to show for a bad environment variable (the
+// module import then fails with it).
+void init_runtime();
+
+bool cpu_avx2();
+bool cpu_avx512();
+std::vector<const char*> compiled_variants();  // "scalar" first, then what was built
+struct BuildFlags {
+    const char *common, *scalar, *avx2, *avx512;
+};
+BuildFlags build_flags();  // the compiler flags of the build (build_info()["flags"])
+// Sets the thread count and returns the one in force (1 in a child forked after OpenMP
+// ran, whatever n is). n >= 1 is the caller's job.
+int set_threads(int n);
+
+// ---- parallel helpers -----------------------------------------------------------------
+inline int threads_for(int64_t bytes, int64_t units) {
+    if (bytes < g_par_bytes || g_threads <= 1) return 1;
+    return (int)(units < g_threads ? units : g_threads);
+}
+
+inline bool use_nt(int64_t out_bytes) { return out_bytes >= g_nt_bytes; }
+
+// f(begin, end, thread_index) over [0, units). The range is cut into ~8 chunks per thread
+// handed out dynamically: on a shared machine one core is often busy with another
+// process, and a static half-and-half split then waits for the slow half (measured: 2
+// threads slower than 1 under load). Chunk calls of one thread share its index, so
+// per-thread scratch and partial sums stay valid.
+template <class F>
+void parallel_units(int64_t units, int nt, const F& f) {
+    if (nt <= 1) {
+        f((int64_t)0, units, 0);
+        return;
+    }
+#if defined(_OPENMP)
+    g_omp_used.store(true, std::memory_order_relaxed);
+    const int64_t chunks = units < (int64_t)nt * 8 ? units : (int64_t)nt * 8;
+#pragma omp parallel num_threads(nt)
+    {
+        const int t = omp_get_thread_num();
+#pragma omp for schedule(dynamic, 1)
+        for (int64_t c = 0; c < chunks; ++c) {
+            const int64_t b = units * c / chunks, e = units * (c + 1) / chunks;
+            if (b < e) f(b, e, t);
+        }
+    }
+#else
+    f((int64_t)0, units, 0);
+#endif
+}
+
+// Flat elementwise ranges are split on 1024-element boundaries: chunk starts stay
+// cache-line (and streaming-store) aligned relative to the array start.
+template <class F>
+void parallel_flat(int64_t count, int64_t bytes, const F& f) {
+    const int64_t blocks = (count + 1023) / 1024;
+    parallel_units(blocks, threads_for(bytes, blocks), [&](int64_t b, int64_t e, int t) {
+        const int64_t lo = b * 1024, hi = e * 1024 < count ? e * 1024 : count;
+        f(lo, hi, t);
+    });
+}
+
+}  // namespace to
