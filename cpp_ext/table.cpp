@@ -20,6 +20,7 @@ KernelTable make() {
     fill_rope(t);
     fill_optim(t);
     fill_common(t);
+    fill_tex_train(t);
     return t;
 }
 }  // namespace
