@@ -202,19 +202,22 @@ void register_tex_train(py::module_& m) {
     auto none = py::none();
     m.attr("DACT_CODES") = py::dict("gelu"_a = (int)DA_GELU_TANH, "silu"_a = (int)DA_SILU, "qgelu"_a = (int)DA_QGELU,
                                     "relu"_a = (int)DA_RELU, "srelu"_a = (int)DA_SRELU, "sigmoid"_a = (int)DA_SIGMOID);
-    m.def("dact", &dact, "grad"_a, "x"_a, "out"_a, "kind"_a, "dbias"_a = none, "dtype"_a = none,
+    m.def("dact", &dact, "grad"_a, "x"_a, "out"_a, "kind"_a, "dbias"_a = none, py::kw_only(),
+          "dtype"_a = none,
           "out = grad * act'(x) (kind: DACT_CODES); dbias (float32 [n]) gets the column sums of out.");
-    m.def("dglu", &dglu, "grad"_a, "x"_a, "out"_a, "kind"_a, "dtype"_a = none,
+    m.def("dglu", &dglu, "grad"_a, "x"_a, "out"_a, "kind"_a, py::kw_only(), "dtype"_a = none,
           "Gated backward: x (rows, 2h) = [a | b], grad (rows, h) -> out [grad*b*act'(a) | grad*act(a)].");
     m.def("tex_softmax", &tex_softmax, "x"_a, "out"_a, "scale"_a, "mode"_a = 0, "mask"_a = none, "heads"_a = 1,
-          "sq"_a = 1, "causal_off"_a = 0, "dtype"_a = none,
+          "sq"_a = 1, "causal_off"_a = 0, py::kw_only(), "dtype"_a = none,
           "TE's scaled softmax over rows: mode 0 plain, 1 uint8 mask (-10000, all-masked rows 0), 2 causal.");
-    m.def("tex_softmax_bwd", &tex_softmax_bwd, "dy"_a, "y"_a, "out"_a, "scale"_a, "dtype"_a = none,
-          "dx = scale * y * (dy - sum(dy * y)) per row.");
+    m.def("tex_softmax_bwd", &tex_softmax_bwd, "dy"_a, "y"_a, "out"_a, "scale"_a, py::kw_only(),
+          "dtype"_a = none, "dx = scale * y * (dy - sum(dy * y)) per row.");
     m.def("tex_rope", &tex_rope, "x"_a, "cos"_a, "sin"_a, "pos"_a, "out"_a, "heads"_a, "interleaved"_a = false,
-          "transpose"_a = false, "dtype"_a = none, "Fused RoPE over (tokens, heads, d) rows, position pos[token].");
+          "transpose"_a = false, py::kw_only(), "dtype"_a = none,
+          "Fused RoPE over (tokens, heads, d) rows, position pos[token].");
     m.def("sgd_step", &sgd_step, "g"_a, "p"_a, "buf"_a, "wd"_a, "momentum"_a, "dampening"_a, "lr"_a, "nesterov"_a,
-          "first_run"_a, "wd_after"_a, "scale"_a, "dtype"_a = none, "One SGD step in place (apex/TE semantics).");
+          "first_run"_a, "wd_after"_a, "scale"_a, py::kw_only(), "dtype"_a = none,
+          "One SGD step in place (apex/TE semantics).");
 }
 
 }  // namespace to

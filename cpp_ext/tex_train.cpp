@@ -11,8 +11,19 @@ namespace to {
 namespace TO_NS {
 namespace {
 
+// The shared constants (tests/test_kernel_constants.py reads vmath.h's copies), written here as
+// products of named values so that the folded forms below visibly derive from them.
+constexpr float kLog2e = 1.44269504088896341f;
+constexpr float kSqrt2OverPi = 0.7978845608028654f;
+constexpr float kGeluCubic = 0.044715f;
+// tanh-GELU's -2u*log2(e) = x*(c1 + c2 x^2), u = sqrt(2/pi)(x + 0.044715 x^3) (vgelu_tanh's fold)
+constexpr float kGeluC1 = -2.0f * kSqrt2OverPi * kLog2e;
+constexpr float kGeluC2 = -2.0f * kSqrt2OverPi * kGeluCubic * kLog2e;
+constexpr float kQgelu = 1.702f;
+
 // sigmoid from 2^v with v = -x*log2(e)*k folded by the caller: 1 / (1 + 2^v)
 inline V vsig2(V v) { return vset(1.0f) / (vset(1.0f) + vexp2_fast(v)); }
+inline V vsigmoid_k(V x, float k) { return vsig2(x * vset(-kLog2e * k)); }
 
 // act'(x) for the plain activations (DA_*); the gated kernels also need act(x) itself.
 template <int OP>
@@ -20,21 +31,21 @@ inline V dact_v(V x) {
     if (OP == DA_GELU_TANH) {
         // tanh-GELU: with s = sigmoid(2u) = (1 + tanh u)/2, u = k0 (x + 0.044715 x^3):
         // d/dx = s + 2 k0 x s (1 - s) (1 + 3*0.044715 x^2)
-        V s = vsig2(x * vfma(x * x, vset(-0.10294323958002349f), vset(-2.3022081981443252f)));
-        V t = vset(2.0f * 0.7978845608028654f) * x * s * (vset(1.0f) - s);
-        return vfma(t, vfma(x * x, vset(3.0f * 0.044715f), vset(1.0f)), s);
+        V s = vsig2(x * vfma(x * x, vset(kGeluC2), vset(kGeluC1)));
+        V t = vset(2.0f * kSqrt2OverPi) * x * s * (vset(1.0f) - s);
+        return vfma(t, vfma(x * x, vset(3.0f * kGeluCubic), vset(1.0f)), s);
     }
     if (OP == DA_SILU) {
-        V s = vsig2(x * vset(-1.44269504088896341f));
+        V s = vsigmoid_k(x, 1.0f);
         return s * vfma(x, vset(1.0f) - s, vset(1.0f));
     }
     if (OP == DA_QGELU) {
-        V s = vsig2(x * vset(-1.702f * 1.44269504088896341f));
-        return vfma(vset(1.702f) * x, s * (vset(1.0f) - s), s);
+        V s = vsigmoid_k(x, kQgelu);
+        return vfma(vset(kQgelu) * x, s * (vset(1.0f) - s), s);
     }
     if (OP == DA_RELU) return vsel(vlt(vset(0.0f), x), vset(1.0f), vset(0.0f));
     if (OP == DA_SRELU) return vset(2.0f) * vmax(vset(0.0f), x);  // NaN in x stays NaN
-    V s = vsig2(x * vset(-1.44269504088896341f));                 // DA_SIGMOID
+    V s = vsigmoid_k(x, 1.0f);  // DA_SIGMOID
     return s * (vset(1.0f) - s);
 }
 
@@ -42,13 +53,13 @@ template <int OP>
 inline V act_v(V x) {
     if (OP == DA_GELU_TANH) return vgelu_tanh(x);
     if (OP == DA_SILU) return vsilu(x);
-    if (OP == DA_QGELU) return x * vsig2(x * vset(-1.702f * 1.44269504088896341f));
+    if (OP == DA_QGELU) return x * vsigmoid_k(x, kQgelu);
     if (OP == DA_RELU) return vmax(vset(0.0f), x);
     if (OP == DA_SRELU) {
         V r = vmax(vset(0.0f), x);
         return r * r;
     }
-    return vsig2(x * vset(-1.44269504088896341f));
+    return vsigmoid_k(x, 1.0f);
 }
 
 // v rounded to T's precision (and back to fp32): the bias gradient sums the values the output
@@ -101,7 +112,7 @@ void dact_k(const void* gv, const void* xv, void* yv, int64_t rows, int64_t n, f
 template <int OP>
 inline void dglu_v(V a, V b, V g, V& da, V& db) {
     if (OP == DA_SILU || OP == DA_SIGMOID) {
-        V s = vsig2(a * vset(-1.44269504088896341f));
+        V s = vsigmoid_k(a, 1.0f);
         if (OP == DA_SILU) {
             da = g * b * s * vfma(a, vset(1.0f) - s, vset(1.0f));
             db = g * a * s;
@@ -110,13 +121,13 @@ inline void dglu_v(V a, V b, V g, V& da, V& db) {
             db = g * s;
         }
     } else if (OP == DA_QGELU) {
-        V s = vsig2(a * vset(-1.702f * 1.44269504088896341f));
-        da = g * b * vfma(vset(1.702f) * a, s * (vset(1.0f) - s), s);
+        V s = vsigmoid_k(a, kQgelu);
+        da = g * b * vfma(vset(kQgelu) * a, s * (vset(1.0f) - s), s);
         db = g * a * s;
     } else if (OP == DA_GELU_TANH) {
-        V s = vsig2(a * vfma(a * a, vset(-0.10294323958002349f), vset(-2.3022081981443252f)));
-        V t = vset(2.0f * 0.7978845608028654f) * a * s * (vset(1.0f) - s);
-        da = g * b * vfma(t, vfma(a * a, vset(3.0f * 0.044715f), vset(1.0f)), s);
+        V s = vsig2(a * vfma(a * a, vset(kGeluC2), vset(kGeluC1)));
+        V t = vset(2.0f * kSqrt2OverPi) * a * s * (vset(1.0f) - s);
+        da = g * b * vfma(t, vfma(a * a, vset(3.0f * kGeluCubic), vset(1.0f)), s);
         db = g * a * s;
     } else {
         da = g * b * dact_v<OP>(a);

@@ -100,6 +100,33 @@ def l2norm_sq(x: _Arr, *, dtype: _BF16 = None) -> float:
     """sum(x**2) over all elements: fp32 lanes per 1024-element block, blocks summed in
     double. Inf/NaN inputs give Inf/NaN."""
 
+# ---- tex training kernels (bind_tex_train.cpp); outputs given and written in place ----------
+#: activation codes of dact/dglu: gelu (tanh form), silu, qgelu, relu, srelu, sigmoid
+DACT_CODES: dict[str, int]
+def dact(grad: _Arr, x: _Arr, out: _Arr, kind: int, dbias: Optional[_Arr] = None, *, dtype: _BF16 = None) -> None:
+    """out = grad * act'(x) (kind from DACT_CODES; grad, x, out of one shape and dtype). dbias
+    (float32 [n], n = x's last dim) receives the column sums of out as stored (TE's dbias_d*)."""
+def dglu(grad: _Arr, x: _Arr, out: _Arr, kind: int, *, dtype: _BF16 = None) -> None:
+    """Gated backward: x (rows, 2h) = [a | b], grad (rows, h), out (rows, 2h) =
+    [grad*b*act'(a) | grad*act(a)] (kind: the gate's activation, DACT_CODES)."""
+def tex_softmax(x: _Arr, out: _Arr, scale: float, mode: int = 0, mask: Optional[_Arr] = None, heads: int = 1,
+                sq: int = 1, causal_off: int = 0, *, dtype: _BF16 = None) -> None:
+    """TE's scaled softmax over the rows of x (batches*heads*sq rows of sk): softmax(x*scale).
+    mode 1: mask uint8/bool [b or 1, sq, sk] (row r uses batch (r // sq) // heads), masked logits
+    become -10000 and a fully masked row gives 0; mode 2: causal, columns past
+    (r % sq) + causal_off excluded (0 out; a row with none left gives 0)."""
+def tex_softmax_bwd(dy: _Arr, y: _Arr, out: _Arr, scale: float, *, dtype: _BF16 = None) -> None:
+    """out = scale * y * (dy - sum(dy * y, row))."""
+def tex_rope(x: _Arr, cos: _Arr, sin: _Arr, pos: _Arr, out: _Arr, heads: int, interleaved: bool = False,
+             transpose: bool = False, *, dtype: _BF16 = None) -> None:
+    """Fused RoPE over x viewed (tokens, heads, d): token t uses row pos[t] (int64) of the float32
+    (P, d2) cos/sin tables on its first d2 channels (the rest copied); transpose=True is the
+    backward. ValueError for a position outside [0, P)."""
+def sgd_step(g: _Arr, p: _Arr, buf: _Arr, wd: float, momentum: float, dampening: float, lr: float, nesterov: bool,
+             first_run: bool, wd_after: bool, scale: float, *, dtype: _BF16 = None) -> None:
+    """One SGD step in place (apex/TE multi_tensor_sgd): g*scale, weight decay before or after the
+    momentum buffer (buf = g on the first run), Nesterov; g, p, buf of one dtype."""
+
 # ---- runtime -----------------------------------------------------------------------------
 def set_num_threads(n: int) -> int:
     """Threads for the kernels (default: omp_get_max_threads(), i.e. OMP_NUM_THREADS).

@@ -55,15 +55,15 @@ SRC_DIR = "cpp_ext"  # relative to setup.py, as setuptools wants
 # Compiled once per ISA variant (-DTO_ISA=<n> + that variant's flags).
 # One file per op family; the family names (norm, softmax, activation, rope, optim, common)
 # are the same in cpp_ext/, opencl_ext/ and cuda_ext/.
-KERNEL_SOURCES = ["norm.cpp", "softmax.cpp", "activation.cpp", "rope.cpp", "optim.cpp", "common.cpp", "tex_train.cpp",
-                  "table.cpp"]
+KERNEL_SOURCES = ["norm.cpp", "softmax.cpp", "activation.cpp", "rope.cpp", "optim.cpp", "common.cpp",
+                  "tex_train.cpp", "table.cpp"]
 HEADERS = ["simd.h", "vmath.h", "kernels.h", "variant.h"]
 # Compiled once with the baseline flags; module.cpp holds only PYBIND11_MODULE. Only
 # runtime.cpp is free of pybind11, whose headers cost ~8 s of CPU per file here (gcc 12,
 # -O3 -g): the others compile in the kernels' thread pool. runtime.cpp alone uses what is
 # known only after the kernels compiled (TO_HAVE_<variant>, the generated to_build_info.h).
-BINDING_SOURCES = ["module.cpp", "runtime.cpp", "checks.cpp", "alloc.cpp", "bind_facade.cpp", "bind_tex.cpp", "bind_tex_train.cpp",
-                   "bind_runtime.cpp", "fast_entry.cpp"]
+BINDING_SOURCES = ["module.cpp", "runtime.cpp", "checks.cpp", "alloc.cpp", "bind_facade.cpp", "bind_tex.cpp",
+                   "bind_tex_train.cpp", "bind_runtime.cpp", "fast_entry.cpp"]
 LATE_BINDING_SOURCES = ["runtime.cpp"]
 BINDING_HEADERS = ["kernels.h", "runtime.h", "checks.h", "alloc.h", "binding.h"]
 
