@@ -105,10 +105,12 @@ def _train_cases(rows, cols, dtype):
     dy = torch.randn(rows, cols, generator=g).to(dtype)
     dyh = torch.randn(rows, cols // 2, generator=g).to(dtype)
     cases = []
+    def d_call(fn, grad):
+        return lambda: (lambda: fn(grad, x, None))
     for op in ("dgelu", "dsilu", "drelu", "dqgelu", "dsrelu", "dbias_dgelu"):
-        cases.append((op, lambda f=getattr(tex, op): (lambda: f(dy, x, None)), 3 * n * es, [dy, x]))
+        cases.append((op, d_call(getattr(tex, op), dy), 3 * n * es, [dy, x]))
     for op in ("dswiglu", "dgeglu"):
-        cases.append((op, lambda f=getattr(tex, op): (lambda: f(dyh, x, None)), 5 * n * es // 2, [dyh, x]))
+        cases.append((op, d_call(getattr(tex, op), dyh), 5 * n * es // 2, [dyh, x]))
     x4 = x.view(1, 16, rows // 16, cols)
     mask = (torch.rand(1, 1, rows // 16, cols, generator=g) < 0.2).to(torch.uint8)
     y4 = torch.softmax(x4.float(), -1).to(dtype)
@@ -129,7 +131,8 @@ def _train_cases(rows, cols, dtype):
     freqs = torch.randn(s, 1, 1, d, generator=g)
     fmt = tex.NVTE_QKV_Format.NVTE_SBHD
     tables = 2 * s * d * 4
-    cases.append(("fused_rope_forward", lambda: (lambda: tex.fused_rope_forward(xr, freqs, None, fmt, False, None, 1, 0)),
+    cases.append(("fused_rope_forward",
+                  lambda: (lambda: tex.fused_rope_forward(xr, freqs, None, fmt, False, None, 1, 0)),
                   2 * n * es + tables, [x]))
     cases.append(("fused_rope_backward",
                   lambda: (lambda: tex.fused_rope_backward(xr, freqs, None, fmt, False, None, 1, 0)),

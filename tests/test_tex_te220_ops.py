@@ -505,7 +505,7 @@ def test_thd_grad_correction(backend, first, second):
     half = "none" in (first, second)
     per = torch.randn(8 if half else 16, 2, 4)
     want = grad.clone()
-    for mode, idx, hi in ((first, f_idx, 0), (second, s_idx, 1)):
+    for mode, idx in ((first, f_idx), (second, s_idx)):
         if mode == "none":
             continue
         src = per if half else per[idx]

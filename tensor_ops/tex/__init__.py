@@ -29,7 +29,7 @@ from tensor_ops import _global
 from . import (_activations, _dropout, _gemm, _grouped_gemm, _misc, _moe, _multi_tensor, _norms, _rope, _softmax,
                _thd, _unsupported)
 from ._activations import *  # noqa: F401,F403
-from ._backends import (TEXBackendBase, get_backend, list_backends, register_backend, set_backend,
+from ._backends import (TEXBackendBase, get_backend, list_backends, register_backend, set_backend,  # noqa: F401
                         unregister_backend, use_backend)
 from ._dropout import *  # noqa: F401,F403
 from ._enums import *  # noqa: F401,F403
@@ -45,7 +45,7 @@ from ._norms import *  # noqa: F401,F403
 from ._register import manager as _manager
 from ._rope import *  # noqa: F401,F403
 from ._softmax import *  # noqa: F401,F403
-from ._te import import_transformer_engine, load_plugins
+from ._te import import_transformer_engine, load_plugins  # noqa: F401
 
 _TENSOR_OPS_TEX = True
 _MODULE_NAME = "transformer_engine_torch"

@@ -268,7 +268,8 @@ def fused_topk_with_score_function_bwd(routing_map, intermediate_output, grad_pr
                       grad_logits=grad_logits)
     fmt = _map_format(op, routing_map_format)
     args = (routing_map, intermediate_output, grad_probs, grad_logits, as_int(op, "topk", topk),
-            bool(use_pre_softmax), _opt_float(op, "scaling_factor", scaling_factor), _score_function(op, score_function),
+            bool(use_pre_softmax), _opt_float(op, "scaling_factor", scaling_factor),
+            _score_function(op, score_function),
             bool(use_dense_indices), int(fmt))
     with torch.no_grad():
         call(op, args)

@@ -112,7 +112,8 @@ def register(registry):
     for op in TEX_OPS:
         registry.register_impl(OpImpl(op_name=op, impl_id=f"vendor.{NAME}", kind=BackendImplKind.VENDOR,
                                       vendor=NAME, fn=_passthrough(op), priority=PRIORITY,
-                                      supports=None if op == "get_fused_attn_backend" else supports, available=availability, api="tex"))
+                                      supports=None if op == "get_fused_attn_backend" else supports,
+                                      available=availability, api="tex"))
 
 
 def unregister(registry):

@@ -10,9 +10,8 @@ from __future__ import annotations
 
 import torch
 
-from ._common import as_int, check_same_device, check_tensor, nargs_error
+from ._common import as_int, check_same_device, check_tensor
 from ._dispatch import call
-from ._enums import NVTE_QKV_Format
 from ._refs import reference
 
 __all__ = ["thd_read_half_tensor", "thd_second_half_lse_correction", "thd_read_second_half_lse",
