@@ -28,12 +28,13 @@ from typing import Callable, Optional
 
 import numpy as np
 
-from ._bench_cases import (ALIASES, COLS, HEAD_DIM, REDUCTIONS, TOL, VALIDATION_SHAPES, VARIANTS,  # noqa: F401
+from ._bench_cases import (ALIASES, COLS, HEAD_DIM, VALIDATION_SHAPES, VARIANTS,  # noqa: F401
                            Case, bench_case, make_case, numpy_formula, reference, split_name, torch_compiled,
                            torch_eager)
 from ._bench_ceiling import MEMCPY_MISSING, ceiling_copy, copy_threads, stream_copy_fn  # noqa: F401
 from ._bench_impls import (ImplRef, facade_impls, host_copies_allowed, impl_token, run_forced,  # noqa: F401
-                           settings_override, strict_mode, validate)
+                           strict_mode, validate)
+from ._global import settings_override  # noqa: F401
 from ._tune import _human
 
 BENCH_OPS = ("rms_norm", "layer_norm", "softmax", "silu", "gelu", "relu", "swiglu", "geglu", "rope", "matmul")

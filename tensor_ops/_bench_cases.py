@@ -1,10 +1,10 @@
-"""What the benchmark engine (``_bench.py``) runs, per op, in one place: the fp64 oracle, the
-case builders (inputs, output shape, bytes moved, the pages the ceiling copy reads) and the
-baselines (the NumPy formula, torch eager, torch.compile).
+"""What the benchmark engine (``_bench.py``) runs, per op: the case builders (inputs at the
+ladder's sizes, output shape, bytes moved, the pages the ceiling copy reads) and the baselines
+(the NumPy formula, torch eager, torch.compile).
 
-Everything op-specific of the engine lives here, grouped by op, so it can move into the
-per-op ``OpSpec`` of ``tensor_ops/_ops.py`` once that exists; presets (``benchmarks/*.py``)
-never build inputs or formulas of their own.
+The fp64 oracle, the variants and the tolerance come from the op definitions
+(:mod:`tensor_ops._ops`), the same ones the conformance harness reads; presets
+(``benchmarks/*.py``) never build inputs or formulas of their own.
 """
 from __future__ import annotations
 
@@ -15,18 +15,16 @@ from typing import Callable, Optional
 import numpy as np
 
 from . import _facade
+from ._ops import SPECS, tolerance
 
 COLS = 4096                       # feature width of the ladder: (rows, 4096)
 HEAD_DIM = 128                    # rope runs on (heads, T, 128): LLM shapes, same element count
-TOL = {"float64": (1e-12, 1e-12), "float32": (1.3e-6, 1e-5), "float16": (1e-3, 2e-3)}
-REDUCTIONS = ("rms_norm", "layer_norm", "softmax")
-GATED = ("swiglu", "geglu")
+GATED = tuple(n for n, s in SPECS.items() if s.out_width(2) == 1)
 VALIDATION_SHAPES = ((1, 8), (3, 4098), (5, 18), (2, 3, 66))
-VARIANTS = {"layer_norm": ("", "nobias"), "gelu": ("", "tanh"), "geglu": ("", "tanh"),
-            "rope": ("", "interleaved")}
+# the spec's variants, plus layer_norm without bias (a different kernel path)
+VARIANTS = {**{n: s.variants for n, s in SPECS.items() if len(s.variants) > 1}, "layer_norm": ("", "nobias")}
 # Benchmark names for a variant of an op (bench_cpp's "gelu_tanh" column).
-ALIASES = {"gelu_tanh": ("gelu", "tanh"), "geglu_tanh": ("geglu", "tanh"), "layer_norm_nobias": ("layer_norm", "nobias"),
-           "rope_interleaved": ("rope", "interleaved")}
+ALIASES = {f"{op}_{v}": (op, v) for op, vs in VARIANTS.items() for v in vs if v}
 
 
 def split_name(name: str) -> tuple[str, str]:
@@ -34,63 +32,9 @@ def split_name(name: str) -> tuple[str, str]:
     return ALIASES.get(name, (name, ""))
 
 
-# ----------------------------------------------------------------------------- fp64 oracle
-def _f64(a):
-    return np.asarray(a, dtype=np.float64)
-
-
-def _erf(x):
-    try:
-        from scipy.special import erf
-        return erf(x)
-    except ImportError:  # scipy is a dependency; keep a correct slow path anyway
-        return np.vectorize(math.erf, otypes=[np.float64])(x)
-
-
-def _gelu64(x, approximate):
-    if approximate == "tanh":
-        return 0.5 * x * (1 + np.tanh(math.sqrt(2 / math.pi) * (x + 0.044715 * x ** 3)))
-    return 0.5 * x * (1 + _erf(x / math.sqrt(2)))
-
-
 def reference(op: str, x, *args, **kw):
-    """The op from its definition in float64 (independent of every backend)."""
-    x = _f64(x)
-    if op == "rms_norm":
-        w, eps = _f64(args[0]), args[1]
-        return x / np.sqrt(np.mean(x * x, -1, keepdims=True) + eps) * w
-    if op == "layer_norm":
-        w, b, eps = _f64(args[0]), args[1], args[2]
-        mu = x.mean(-1, keepdims=True)
-        y = (x - mu) / np.sqrt(((x - mu) ** 2).mean(-1, keepdims=True) + eps) * w
-        return y if b is None else y + _f64(b)
-    if op == "softmax":
-        e = np.exp(x - x.max(-1, keepdims=True))
-        return e / e.sum(-1, keepdims=True)
-    if op == "silu":
-        return x / (1 + np.exp(-x))
-    if op == "relu":
-        return np.maximum(x, 0)
-    if op == "gelu":
-        return _gelu64(x, args[0])
-    h = x.shape[-1] // 2
-    if op == "swiglu":
-        return x[..., :h] / (1 + np.exp(-x[..., :h])) * x[..., h:]
-    if op == "geglu":
-        return _gelu64(x[..., :h], args[0]) * x[..., h:]
-    if op == "rope":
-        c, s, inter = _f64(args[0]), _f64(args[1]), args[2]    # (T, n/2) angles
-        y = np.empty_like(x)
-        a, b = (x[..., 0::2], x[..., 1::2]) if inter else (x[..., :h], x[..., h:])
-        ya, yb = a * c - b * s, b * c + a * s
-        if inter:
-            y[..., 0::2], y[..., 1::2] = ya, yb
-        else:
-            y[..., :h], y[..., h:] = ya, yb
-        return y
-    if op == "matmul":
-        return x @ _f64(args[0])
-    raise KeyError(op)
+    """The op from its definition in float64 (the spec's oracle)."""
+    return SPECS[op].oracle(x, *args, **kw)
 
 
 # ----------------------------------------------------------------------------- cases
@@ -129,13 +73,7 @@ class Case:
         return reference(self.op, self.x, *(self.ref_args or self.args))
 
     def tolerance(self) -> tuple[float, float]:
-        rtol, atol = TOL[self.dtype]
-        if self.op in REDUCTIONS:
-            atol *= max(1.0, math.sqrt(self.x.shape[-1]) / 8)
-        if self.op == "matmul":
-            atol *= math.sqrt(self.x.shape[-1])
-            rtol *= 4
-        return rtol, atol
+        return tolerance(self.dtype, SPECS[self.op].tolerance, max(1, self.x.shape[-1]))
 
 
 def make_case(op: str, dtype: str, shape, variant: str = "", seed: int = 0) -> Case:
@@ -215,8 +153,8 @@ def on_torch(case: Case, device: str = "cuda", dtype: Optional[str] = None) -> C
 def numpy_formula(case: Case) -> Callable[[], object]:
     """The NumPy formula with a fresh output, as a user would write it: the NumPy backend's
     own function called directly (no dispatch, no ``out=`` copy)."""
-    from .backends.numpy_backend import OPS
-    fn = OPS[case.op]
+    from .backends.numpy import BACKEND
+    fn = BACKEND.ops[case.op]
     x = case.x.reshape(-1, case.x.shape[-1]) if case.op == "rope" else case.x
     args = (x,) + tuple(case.args) + (None,)
     return lambda: fn(*args)

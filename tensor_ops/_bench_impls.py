@@ -5,7 +5,6 @@ duration of a run, and :func:`validate` against the fp64 oracle of ``_bench_case
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import zlib
 from dataclasses import dataclass
 from typing import Callable, Optional
@@ -79,27 +78,10 @@ def host_copies_allowed():
                     pass
 
 
-@contextlib.contextmanager
-def settings_override(**changes):
-    """The global manager with ``changes`` applied to its settings object for the block
-    (``dataclasses.replace``; e.g. ``strict=True``): the environment is never written, and
-    the settings in force before — the very object — are back afterwards."""
-    m = _global.manager()
-    old = m.settings
-    if old is None:             # a manager without settings: nothing to switch
-        yield m
-        return
-    m.invalidate(dataclasses.replace(old, **changes))
-    try:
-        yield m
-    finally:
-        m.invalidate(old)
-
-
 def strict_mode():
     """Strict mode for the block (a backend failure raises instead of falling back), through
-    the manager's settings (:func:`settings_override`), never ``os.environ``."""
-    return settings_override(strict=True, strict_source="benchmark validation (strict_mode)")
+    the manager's settings (``_global.settings_override``), never ``os.environ``."""
+    return _global.settings_override(strict=True, strict_source="benchmark validation (strict_mode)")
 
 
 def _served_delta(case: Case, token: str, before: dict) -> dict:

@@ -67,7 +67,7 @@ def items(value: str, var: str) -> list:
     return [p.strip() for p in value.split(",") if p.strip()]
 
 
-def names(value: str, var: str) -> list:
+def name_list(value: str, var: str) -> list:
     """A comma list of case-insensitive names (lower-cased)."""
     return [p.lower() for p in items(value, var)]
 
@@ -146,9 +146,9 @@ VARS: tuple = (
         "INFO", choice("CRITICAL", "DEBUG", "ERROR", "INFO", "WARNING", upper=True), "WARNING",
         aliases=("TEFL_LOG_LEVEL",)),
     Var("TENSOR_OPS_ALLOW_VENDORS", _R, "only these vendors' impls may run (case-insensitive)", "acme",
-        names, aliases=("TE_FL_ALLOW_VENDORS",), default_doc="all vendors"),
+        name_list, aliases=("TE_FL_ALLOW_VENDORS",), default_doc="all vendors"),
     Var("TENSOR_OPS_DENY_VENDORS", _R, "these vendors' impls never run (added to `deny_vendors`)",
-        "nvidia,amd", names, aliases=("TE_FL_DENY_VENDORS",)),
+        "nvidia,amd", name_list, aliases=("TE_FL_DENY_VENDORS",)),
     Var("TENSOR_OPS_FALLBACK_BACKEND", _R, "backend tried when a forced one lacks the op (the reference "
         "comes after it)", "numpy", aliases=("TE_FALLBACK_BACKEND",), default_doc="the reference"),
     Var("TE_FL_PREFER", _R, "put a kind first: `flagos` (= default), `vendor`, `reference`", "vendor",

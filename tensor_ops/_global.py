@@ -55,8 +55,7 @@ def get_manager() -> OpManager:
 
 def get_registry() -> OpRegistry:
     """The global :class:`OpRegistry` (built-in backends and plugins registered)."""
-    manager()
-    return _registry
+    return manager().registry
 
 
 def _apply_logging(settings) -> None:
@@ -128,8 +127,8 @@ def reload_config() -> None:
     """
     with _lock:
         m = manager()
-        _load_env_plugins(_registry, False)
-        settings = build_settings(os.environ, _registry.backends())
+        _load_env_plugins(m.registry, False)
+        settings = build_settings(os.environ, m.registry.backends())
         settings.gpu_probe = _gpu_device_ids
         _apply_logging(settings)
         m.invalidate(settings)
@@ -146,7 +145,11 @@ def settings_override(**changes) -> Iterator[None]:
     m = manager()
     with _lock:
         old = m.settings
-        m.invalidate(dataclasses.replace(old, **changes))
+        if old is not None:      # a manager without settings: nothing to switch
+            m.invalidate(dataclasses.replace(old, **changes))
+    if old is None:
+        yield
+        return
     try:
         yield
     finally:

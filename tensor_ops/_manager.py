@@ -9,10 +9,11 @@ moves to the next candidate with one warning per (op, impl), unless strict.
 from __future__ import annotations
 
 import logging
-import sys
 import threading
 import warnings
 from typing import Any, Optional
+
+import numpy as np
 
 from . import _state
 from ._config import check_token
@@ -24,11 +25,7 @@ from ._resolve import Resolution, default_rank, host_declined, is_shared, match,
 log = logging.getLogger("tensor_ops")
 
 _REF = BackendImplKind.REFERENCE
-try:
-    import numpy as _np
-    _ND = _np.ndarray
-except ImportError:  # pragma: no cover - numpy is a dependency
-    _ND = ()
+_ND = np.ndarray
 _VENDOR = BackendImplKind.VENDOR
 
 
@@ -153,7 +150,7 @@ class OpManager:
 
         A backend may set ``impl.plain_entry = PlainEntry(fn, entry, count)``: ``entry`` takes
         the facade's plain arguments, validates them itself and returns the result, or None to
-        decline (the facade then takes its general path); ``count()`` is how many calls it served.
+        decline (the facade then takes its general path); ``calls()`` is how many calls it served.
         The entry is installed for ``op`` when, for host arrays of every dtype it computes
         and every size (each tuning bucket, when a tuning table decides the op), the first
         candidate is that same impl, and only while ``impl.fn`` is still ``fn`` (a replaced
@@ -178,6 +175,8 @@ class OpManager:
                 if host is None or (first is not None and host is not first):
                     return
                 first = host
+        if first is None:
+            return
         fp = first.plain_entry
         if fp is not None and first.fn is fp.fn:
             self.fast_fns[op] = fp.entry
@@ -245,9 +244,9 @@ class OpManager:
                 guard, guard_ok = sum(1 for i in ordered if match(i, tokens[0])), True
             rest = sorted((i for i in usable if i not in ordered), key=default_rank)
             ordered += [i for i in rest if i.kind is not _REF] + [i for i in rest if i.kind is _REF]
-        named = set() if source == "built-in default" else \
+        by_name: set = set() if source == "built-in default" else \
             {t for t in tokens if t not in ("default", "vendor", "reference") and not t.startswith("vendor:")}
-        ordered = [i if i.host_arrays == "always" or i.backend in named or f"impl:{i.impl_id}" in named
+        ordered = [i if i.host_arrays == "always" or i.backend in by_name or f"impl:{i.impl_id}" in by_name
                    else host_declined(i) for i in ordered]
         res = Resolution(op, api, tokens, source, forced, strict, tuple(ordered), excluded, note)
         res.guard, res.guard_ok, res.named = guard, guard_ok, tokens[0] if tokens else ""
@@ -306,7 +305,7 @@ class OpManager:
                 if name and name in s.disabled:
                     return f"disabled by {s.disabled[name]}"
             if impl.kind is _VENDOR:
-                v = (impl.vendor or impl.backend).lower()
+                v = str(impl.vendor or impl.backend).lower()
                 if s.allow_vendors is not None and v not in s.allow_vendors:
                     return f"vendor {v!r} not in allow_vendors {s.allow_vendors} ({s.allow_source})"
                 if v in s.deny_vendors:
@@ -355,21 +354,12 @@ class OpManager:
                     raise BackendError(
                         f"{impl.impl_id} returned {type(out).__name__} of shape {getattr(out, 'shape', None)} "
                         f"dtype {getattr(out, 'dtype', None)}; expected shape {expect[0]} dtype {expect[1]}")
-            except (ValueError, TypeError):
-                # tex ops may still meet a user error inside an impl; a facade call was fully
-                # validated by its spec before dispatch, so there it is the impl's failure
-                # (e.g. a plugin fn with the wrong arity): fall back like any other
-                if res.api != "facade":
-                    raise
-                exc = sys.exc_info()[1]
-                last_exc = exc
-                if res.strict:
-                    self._count_failure(res, impl, exc, warn=False)
-                    raise BackendError(f"op {res.op!r}: {impl.impl_id} failed and strict mode forbids fallback: "
-                                       f"{type(exc).__name__}: {exc}") from exc
-                self._count_failure(res, impl, exc, warn=True)
-                continue
             except Exception as exc:  # a backend failure: fall back (or raise when strict)
+                if isinstance(exc, (ValueError, TypeError)) and res.api != "facade":
+                    # tex ops may still meet a user error inside an impl; a facade call was
+                    # fully validated by its spec before dispatch, so there a TypeError or
+                    # ValueError is the impl's failure (e.g. a plugin fn with the wrong arity)
+                    raise
                 last_exc = exc
                 if res.strict:
                     self._count_failure(res, impl, exc, warn=False)
@@ -453,13 +443,13 @@ class OpManager:
                 out[f"tex:{op}" if api == "tex" and is_shared(op) else op] = entry
             for impl in self.registry.all_impls():
                 fp = impl.plain_entry
-                n = fp.count() if fp is not None and impl.api == "facade" else 0
+                n = fp.calls() if fp is not None and impl.api == "facade" else 0
                 if n:
                     calls = out.setdefault(impl.op_name, {"api": "facade", "calls": {}, "fallbacks": 0})["calls"]
                     calls[impl.impl_id] = calls.get(impl.impl_id, 0) + n
             for (op, api, name, what), n in self._substituted.items():
-                key = f"tex:{op}" if api == "tex" and is_shared(op) else op
-                out.setdefault(key, {}).setdefault("substituted", {})[name] = {"count": n, "reason": f"does not support {what}"}
+                label = f"tex:{op}" if api == "tex" and is_shared(op) else op
+                out.setdefault(label, {}).setdefault("substituted", {})[name] = {"count": n, "reason": f"does not support {what}"}
             for (op, api, impl_id), (n, reason) in self._failures.items():
                 name = f"tex:{op}" if api == "tex" and is_shared(op) else op
                 out.setdefault(name, {}).setdefault("failures", {})[impl_id] = {"count": n, "last_error": reason}

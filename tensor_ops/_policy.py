@@ -210,7 +210,7 @@ def build_settings(environ=os.environ, extra_names: Iterable[str] = ()) -> Setti
             s.env_priority, s.env_priority_source = toks, f"env {var}"
     v, var = _setting("TENSOR_OPS_PER_OP", environ)
     if v:
-        s.env_per_op, s.env_per_op_source = parse_per_op(v, var, names), f"env {var}"
+        s.env_per_op, s.env_per_op_source = parse_per_op(v, str(var), names), f"env {var}"
     v, var = _setting("TENSOR_OPS_PRIORITY", environ)
     if v:
         s.env_priority, s.env_priority_source = parse_order(v, f"environment variable {var}", names), f"env {var}"

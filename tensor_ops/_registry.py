@@ -19,6 +19,7 @@ import os
 import sys
 import threading
 import weakref
+from types import FrameType
 from dataclasses import dataclass, field
 from typing import Any, Callable, Optional
 
@@ -63,6 +64,7 @@ def default_api(op_name: str) -> str:
 
 def _caller_site(depth: int = 2) -> str:
     """'file:line' of the code that called into the registry (for duplicate errors)."""
+    frame: Optional[FrameType]
     try:
         frame = sys._getframe(depth)
     except ValueError:
@@ -215,7 +217,7 @@ class OpRegistry:
             )
         if not impl.source:
             impl.source = _caller_site()
-        key = (impl.op_name, impl.api)
+        key = (impl.op_name, str(impl.api))      # api is set by __post_init__
         with self._lock:
             slot = self._impls.setdefault(key, {})
             old = slot.get(impl.impl_id)
@@ -278,7 +280,7 @@ class OpRegistry:
     def backends(self) -> list[str]:
         """Backend/vendor names present in the registry."""
         with self._lock:
-            return sorted({i.backend for slot in self._impls.values() for i in slot.values()})
+            return sorted({str(i.backend) for slot in self._impls.values() for i in slot.values()})
 
     def all_impls(self) -> list[OpImpl]:
         with self._lock:

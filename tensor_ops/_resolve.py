@@ -23,12 +23,14 @@ class Resolution:
     __slots__ = ("op", "api", "tokens", "source", "forced", "strict", "candidates", "excluded",
                  "by_impl", "fallbacks", "logged", "note", "seq", "guard", "guard_ok", "named")
 
-    def __init__(self, op, api, tokens, source, forced, strict, candidates, excluded, note=""):
+    def __init__(self, op: str, api: str, tokens: list, source: str, forced: bool, strict: bool,
+                 candidates: tuple, excluded: dict, note: str = "") -> None:
         # guard > 0: the first ``guard`` candidates are the ones the user forced (or put first
         # in a call's order); moving past them because all declined the call is an error
         # (guard_ok False) or a counted, warned substitution (guard_ok True, a fallback was
         # asked for). ``named`` is the backend token they answer to.
         self.guard, self.guard_ok, self.named = 0, False, ""
+        self.seq: tuple = (False, 0)        # (policy's own, creation order): info shows the newest
         self.op, self.api, self.tokens, self.source = op, api, tokens, source
         self.forced, self.strict = forced, strict
         self.candidates: tuple = candidates

@@ -183,7 +183,8 @@ def write_tuning(tuning: dict, detected: Optional[dict] = None, path: Optional[P
     data = _config.read_raw(path)
     data["tuning"] = tuning
     if detected:
-        sec = data.get("detected") if isinstance(data.get("detected"), dict) else {}
+        old = data.get("detected")
+        sec = dict(old) if isinstance(old, dict) else {}
         sec.update(detected)
         data["detected"] = sec
     names = list(extra_names) or _global.get_registry().backends()

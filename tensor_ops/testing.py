@@ -23,7 +23,7 @@ import contextlib
 import zlib
 from dataclasses import dataclass, field
 from types import SimpleNamespace
-from typing import Any, Iterable, Iterator, Optional
+from typing import Any, Iterable, Iterator, Optional, Union
 
 import numpy as np
 
@@ -34,7 +34,7 @@ __all__ = ["SHAPES", "DTYPES", "TOLERANCES", "Case", "Report", "cases", "oracle"
            "compare", "run_case", "run_conformance", "strict"]
 
 #: shape id -> shape; "strided" is a (3, 66) non-contiguous view of a (6, 132) array
-SHAPES = {
+SHAPES: dict[str, Union[tuple, str]] = {
     "1x1": (1, 2), "1x4096": (1, 4096), "3x4097": (3, 4097), "5x17": (5, 17),
     "2x3x64": (2, 3, 64), "4x8x130": (4, 8, 130), "strided": "strided",
     # empty arrays of every kind: no rows, a 1-D empty x, an empty last (feature) axis, an
@@ -97,11 +97,11 @@ class Case:
 
 
 def _make_x(shape_id: str, dtype: str, rng, rule) -> np.ndarray:
-    shape = SHAPES[shape_id]
-    if shape == "strided":
+    spec_shape = SHAPES[shape_id]
+    if isinstance(spec_shape, str):       # "strided"
         base = (rng.standard_normal((6, 2 * 66)) * 2).astype(dtype)
         return base[::2, ::2]
-    shape = list(shape)
+    shape: list[int] = [int(d) for d in spec_shape]
     if rule.even and shape[-1] % 2:
         shape[-1] += 1
     return (rng.standard_normal(shape) * 2).astype(dtype)

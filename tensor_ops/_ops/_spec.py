@@ -26,7 +26,7 @@ from typing import Any, Callable, NamedTuple, Optional
 class Prepared(NamedTuple):
     """A validated call, ready for dispatch (what ``OpSpec.prepare`` returns)."""
 
-    args: tuple            # the kernel arguments, ``kernel_params`` order, ``out`` last
+    args: Optional[tuple]  # the kernel arguments, ``kernel_params`` order, ``out`` last; None: empty
     kind: str              # array kind of x: 'numpy', 'torch', 'cupy', 'pyopencl'
     x: Any                 # the caller's x (empty results are allocated like it)
     dtype: Any             # numpy dtype of the result

@@ -48,7 +48,7 @@ class PlainEntry(NamedTuple):
 
     fn: Callable[..., Any]      # the impl's fn it stands for (the entry is dropped if fn is replaced)
     entry: Callable[..., Any]   # takes the facade's plain arguments; returns the result or None
-    count: Callable[[], int]    # calls it served (added to get_backend_info()'s counts)
+    calls: Callable[[], int]    # calls it served (added to get_backend_info()'s counts)
 
 
 class Availability:

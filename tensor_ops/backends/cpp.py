@@ -87,7 +87,13 @@ def _bind_native() -> None:
         impl.fn = getattr(_MOD, op)
         entry = getattr(_MOD, "_fast_" + op, None)   # fast_entry.cpp's plain-call entry
         if entry is not None:
-            impl.plain_entry = PlainEntry(impl.fn, entry, lambda op=op: _MOD._fast_calls().get(op, 0))
+            impl.plain_entry = PlainEntry(impl.fn, entry, _served_counter(op))
+
+
+def _served_counter(op: str):
+    def calls() -> int:
+        return int(_MOD._fast_calls().get(op, 0))
+    return calls
 
 
 def _probe_backend() -> str:
