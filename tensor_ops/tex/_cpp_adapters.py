@@ -10,6 +10,7 @@ and probes the module once) and checks that the kernel an adapter needs exists.
 from __future__ import annotations
 
 import math
+from typing import Any, Callable
 
 import torch
 
@@ -374,7 +375,7 @@ def multi_tensor_sgd(chunk_size, noop_flag, tensor_lists, wd, momentum, dampenin
 # ---------------------------------------------------------------- registration
 
 #: tex op → (adapter, supports, native function it needs)
-ADAPTERS = {
+ADAPTERS: dict[str, tuple[Callable[..., Any], Callable[..., bool], str]] = {
     "rmsnorm_fwd": (rmsnorm_fwd, _sup_rms_fwd, "rms_norm"),
     "layernorm_fwd": (layernorm_fwd, _sup_ln_fwd, "layer_norm"),
     "rmsnorm_bwd": (rmsnorm_bwd, _sup_rms_bwd, "rms_norm_bwd"),

@@ -102,7 +102,7 @@ def _patch_common(common) -> None:
             return None
         return orig(framework)
 
-    load_framework_extension._tensor_ops_tex = True
+    setattr(load_framework_extension, "_tensor_ops_tex", True)  # noqa: B010 (lru_cache wrappers have no such field)
     load_framework_extension.__doc__ = (
         "tensor_ops.tex: TE's load_framework_extension with 'torch' served by tensor_ops.tex "
         "(no native transformer_engine_torch on this machine); other frameworks as before.")
