@@ -82,10 +82,7 @@ void adam_step(const py::object& g_, const py::object& p_, const py::object& m_,
         Arr ms = get_f32(master_, "master", true);
         if (ms.size != n) shape_error("master must have " + std::to_string(n) + " elements, got " + std::to_string(ms.size));
         master = (float*)ms.data;
-    } else if (p.dt != DT_F32) {
-        throw py::type_error(std::string("p has dtype ") + DT_NAME[p.dt] +
-                             "; without master= the parameters must be float32 (pass master= for 16-bit params)");
-    }
+    }  // without master, 16-bit p is read and written in its own precision (TE's FusedAdam, bf16 model)
     if (n == 0) return;
     AdamParams a{lr, beta1, beta2, eps, bc1, bc2, wd, mode};
     auto k = g_k->adam[g.dt][p.dt];

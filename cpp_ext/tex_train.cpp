@@ -3,6 +3,7 @@
 // softmax forward (plain / masked / causal) and backward, fused RoPE over (token, head) rows
 // with a position per token, and the SGD step. fp32 math for every storage dtype.
 #include <cmath>
+#include <cstring>
 
 #include "vmath.h"
 #include "variant.h"
@@ -192,6 +193,19 @@ inline V exp_le0(V d) {
 #endif
 }
 
+// Lanes of W mask bytes that are non-zero (TE's uint8 attention mask: 1 = masked).
+inline M vmask_u8(const uint8_t* p) {
+#if TO_ISA == 2
+    __m512i v = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i*)p));
+    return {_mm512_test_epi32_mask(v, v)};
+#elif TO_ISA == 1
+    __m256i v = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i*)p));
+    return {_mm256_castsi256_ps(_mm256_cmpgt_epi32(v, _mm256_setzero_si256()))};
+#else
+    return {p[0] != 0};
+#endif
+}
+
 inline void prefetch(const void* p, int bytes) {
     for (int b = 0; b < bytes; b += 64) __builtin_prefetch((const char*)p + b, 0, 3);
 }
@@ -221,9 +235,7 @@ void tsoftmax_k(const void* xv, void* yv, int64_t rows, int64_t n, float scale, 
         } else if (mode == SM_MASK) {
             const int64_t mb = mask_batches == 1 ? 0 : (grow / sq) / heads;  // mask [b|1, 1, sq, sk]
             mr = mask + mb * sq * n + (grow % sq) * n;
-            int64_t kept = 0;
-            for (int64_t j = 0; j < n; ++j) kept += mr[j] == 0;
-            if (kept == 0) len = 0;
+            if (!std::memchr(mr, 0, (size_t)n)) len = 0;  // every element masked
         }
         if (len == 0) {
             write_row(yr, n, nt, [&](int64_t) { return vset(0.0f); }, [&](int64_t, int64_t) { return vset(0.0f); });
@@ -238,6 +250,13 @@ void tsoftmax_k(const void* xv, void* yv, int64_t rows, int64_t n, float scale, 
                 vstore(z + i + W, b);
                 m0 = vmax(m0, a);
                 m1 = vmax(m1, b);
+            }
+        }
+        if (mr) {
+            for (; i + W <= len; i += W) {
+                V v = vsel(vmask_u8(mr + i), vset(-10000.0f), vload(xr + i) * vs);
+                vstore(z + i, v);
+                m0 = vmax(m0, v);
             }
         }
         for (; i < len; i += W) {

@@ -89,8 +89,9 @@ def adam_step(g: _Arr, p: _Arr, m: _Arr, v: _Arr, lr: float, beta1: float, beta2
               bc1: float, bc2: float, mode: int, weight_decay: float, master: Optional[_Arr] = None, *,
               dtype: _BF16 = None) -> None:
     """One Adam step in place over flat tensors of equal size (TEX_API.md multi_tensor_adam).
-    g: float32/float16/bfloat16; m, v: float32; p: float32, or any of the three when
-    `master` (float32) is given: the math then runs on master and p = cast(master).
+    g: float32/float16/bfloat16; m, v: float32; p: any of the three. With `master` (float32)
+    the math runs on master and p = cast(master); without it on p itself (16-bit p rounded on
+    store, as upstream's kernel does for a bf16 model without master weights).
     bc1 = 1 - beta1**step and bc2 = 1 - beta2**step (or 1 without bias correction).
     mode 0 (L2): g += wd*p before the moments; mode 1 (AdamW): p -= lr*(update + wd*p)."""
 def scale(inp: _Arr, out: _Arr, scale: float, *, dtype: _BF16 = None) -> bool:

@@ -172,10 +172,7 @@ def _sup_adam(chunk, noop, lists, lr, b1, b2, eps, step, mode, bc, wd):
     for i, (g, p, m, v) in enumerate(zip(*lists[:4])):
         if not (_plain(g) and _plain(p) and _plain(m, _F32) and _plain(v, _F32)):
             return False
-        if master is None:
-            if p.dtype is not _F32:
-                return False
-        elif not _plain(master[i], _F32):
+        if master is not None and not _plain(master[i], _F32):
             return False
         if not _no_fp16_bf16_mix(g, p):
             return False

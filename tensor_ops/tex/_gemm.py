@@ -150,7 +150,7 @@ def ref_generic_gemm(A, transA, B, transB, D, quantizer, otype, bias, bias_type,
         if bias is not None:  # cuBLASLt DGELU_BGRAD: bias grad of the dgelu output
             bias_grad = acc.sum(0).to(otype)
     if grad and bias is not None and bias_grad is None:  # BGRADB: column sums of B
-        bias_grad = b2.float().sum(0).to(otype)
+        bias_grad = b2.sum(0, dtype=torch.float32).to(otype)   # fp32 accumulation, no fp32 copy of B
     if D is None:
         D = acc.to(otype).reshape(out_shape)
     else:
