@@ -28,6 +28,9 @@ struct SgdParams {
 struct AdamParams {
     float lr, beta1, beta2, eps, bc1, bc2, weight_decay;
     int mode;  // 0: L2 (g += wd*p), 1: AdamW (decoupled)
+    // derived in double by the binding, rounded once (as torch.optim's scalars are):
+    // lr / bc1, sqrt(bc2), 1 - lr*weight_decay
+    float step_size, bc2_sqrt, decay;
 };
 
 struct KernelTable {

@@ -22,6 +22,7 @@ import sys
 import sysconfig
 import threading
 from pathlib import Path
+from unittest import mock
 
 MODULE = "transformer_engine_torch"
 NV_MODULE = MODULE + "_nv"
@@ -133,28 +134,26 @@ def import_transformer_engine():
         if importlib.util.find_spec("transformer_engine") is None:
             raise ImportError("transformer_engine is not installed: pip install transformer-engine==2.20.2 "
                               "--no-deps (the pure-Python wheel; tex stands in for its native extension)")
-        saved = {k: os.environ.get(k) for k in ("NVTE_PLUGIN", "NVTE_PROJECT_BUILDING")}
+        # TE's own switches, read once by its import: set for it, restored after (patch.dict)
+        native = native_extension() is not None
+        if native:
+            switches = {"NVTE_PLUGIN": __package__}
+        else:
+            switches = {} if "NVTE_PROJECT_BUILDING" in os.environ else {"NVTE_PROJECT_BUILDING": "1"}
         hook = None
         try:
-            if native_extension() is not None:
-                os.environ["NVTE_PLUGIN"] = __package__
-            else:
-                os.environ.setdefault("NVTE_PROJECT_BUILDING", "1")
-                common = sys.modules.get(_COMMON)
-                if common is not None:
-                    _patch_common(common)
-                else:
-                    hook = _CommonHook()
-                    sys.meta_path.insert(0, hook)
-            te = importlib.import_module("transformer_engine.pytorch")
+            with mock.patch.dict(os.environ, switches):
+                if not native:
+                    common = sys.modules.get(_COMMON)
+                    if common is not None:
+                        _patch_common(common)
+                    else:
+                        hook = _CommonHook()
+                        sys.meta_path.insert(0, hook)
+                te = importlib.import_module("transformer_engine.pytorch")
         finally:
             if hook is not None:
                 sys.meta_path.remove(hook)
-            for k, v in saved.items():   # TE reads them at import only
-                if v is None:
-                    os.environ.pop(k, None)
-                else:
-                    os.environ[k] = v
         if sys.modules.get(MODULE) is not _tex():
             raise ImportError(f"transformer_engine.pytorch imported, but {MODULE} is "
                               f"{sys.modules.get(MODULE)!r}, not tensor_ops.tex (NVTE_PLUGIN loading failed?)")
