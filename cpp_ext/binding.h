@@ -5,6 +5,8 @@
 //                     swiglu, geglu, rope; _exp/_tanh test hooks)
 //   bind_tex.cpp      the tex kernels (rms_norm_bwd, layer_norm_bwd, adam_step, scale,
 //                     l2norm_sq)
+//   bind_autograd.cpp the autograd kernels of tensor_ops.torch (glu2, glu2_bwd, glu_bwd,
+//                     gelu_erf_bwd; backward.cpp)
 //   bind_runtime.cpp  threads, tuning hooks, build_info, the output cache, stream_copy
 //   fast_entry.cpp    the facade's plain-call METH_FASTCALL entries (_fast_*)
 //   checks.cpp/.h     array checks at the boundary; alloc.cpp/.h fresh outputs;
@@ -30,6 +32,7 @@ py::object glu(int g, const py::object& x, const py::object& out, const py::obje
 
 void register_facade(py::module_& m);
 void register_tex(py::module_& m);
+void register_autograd(py::module_& m);
 void register_runtime(py::module_& m);
 void register_fast(py::module_& m);
 

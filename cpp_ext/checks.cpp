@@ -3,6 +3,8 @@
 
 namespace to {
 
+int g_bf16_type_num = -1;
+
 bool parse_bf16(const py::object& dtype) {
     if (dtype.is_none()) return false;
     if (py::isinstance<py::str>(dtype)) {
@@ -27,7 +29,10 @@ Arr get(const py::handle& h, const char* name, bool bf16, int want_dt, bool writ
     else if (bf16 && (num == NPY_SHORT_ || num == NPY_USHORT_)) dt = DT_BF16;
     else {
         py::dtype d = py::reinterpret_borrow<py::dtype>(p->descr);
-        if (d.itemsize() == 2 && py::str(d).cast<std::string>() == "bfloat16") dt = DT_BF16;  // ml_dtypes
+        if (d.itemsize() == 2 && py::str(d).cast<std::string>() == "bfloat16") {  // ml_dtypes
+            dt = DT_BF16;
+            g_bf16_type_num = num;
+        }
     }
     if (dt < 0 || (want_dt >= 0 && dt != want_dt)) {
         std::string got = py::str(py::reinterpret_borrow<py::object>(p->descr)).cast<std::string>();

@@ -3,7 +3,7 @@
 // tensor_ops/_facade.py calls these for a plain call (no out=, no backend=, no override) once
 // the resolver has chosen default.cpp for the op. They take only what needs no
 // normalisation: exactly numpy.ndarray, >= 1 dim, non-empty, C-contiguous, aligned, native
-// float32/float16, weights of the same dtype and length, a finite float eps >= 0. Anything
+// float32/float16 (or ml_dtypes bfloat16 once the module has seen that dtype), weights of the same dtype and length, a finite float eps >= 0. Anything
 // else returns None and the facade's general path gives the same result or its error, so
 // there is one set of checks and messages. Why they exist: the facade's Python checks and
 // the manager's dispatch added ~1.4 us to a (1, 4096) rms_norm that costs ~0.9 us through
@@ -27,7 +27,9 @@ int plain_dt(PyObject* o) {
     auto* p = proxy(o);
     if (p->nd < 1 || (p->flags & (F_C | F_ALIGNED)) != (F_C | F_ALIGNED)) return -1;
     auto* d = py::detail::array_descriptor_proxy(p->descr);
-    const int dt = d->type_num == NPY_FLOAT_ ? DT_F32 : d->type_num == NPY_HALF_ ? DT_F16 : -1;
+    const int num = d->type_num;
+    const int dt = num == NPY_FLOAT_ ? DT_F32 : num == NPY_HALF_ ? DT_F16
+                 : (num == g_bf16_type_num && num >= 0) ? DT_BF16 : -1;
 #if defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_BIG_ENDIAN__
     if (d->byteorder == '<') return -1;
 #else
