@@ -34,7 +34,7 @@ def available_backends():
 
 
 BAD = [  # (call, exception type, message fragment)
-    (lambda b: to.rms_norm(X.astype(np.int32), W, backend=b), TypeError, "x must have dtype float16, float32 or float64, got int32"),
+    (lambda b: to.rms_norm(X.astype(np.int32), W, backend=b), TypeError, "x must have dtype float16, bfloat16, float32 or float64, got int32"),
     (lambda b: to.rms_norm(X > 0, W, backend=b), TypeError, "got bool"),
     (lambda b: to.silu(X.astype(np.complex64), backend=b), TypeError, "got complex64"),
     (lambda b: to.rms_norm([[1.0]], W, backend=b), TypeError, "x must be an array"),
