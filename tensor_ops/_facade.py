@@ -61,8 +61,9 @@ def general(spec: OpSpec, args: tuple, out, backend):
     return _general_arrays(spec, args, out, backend)
 
 
-def _general_arrays(spec: OpSpec, args: tuple, out, backend):
-    """:func:`general` for NumPy, CuPy, pyopencl arrays and device torch tensors."""
+def _general_arrays(spec: OpSpec, args: tuple, out, backend, kind: str = "numpy"):
+    """:func:`general` for NumPy, CuPy, pyopencl arrays and device torch tensors (``kind``
+    'torch-cpu': NumPy views of torch CPU tensors, served by the backends declaring it)."""
     p = spec.prepare(*args, out)
     if p.args is None:
         res = p.user_out if p.user_out is not None else _alloc(p.kind, p.x, p.shape, p.dtype)
@@ -75,7 +76,7 @@ def _general_arrays(spec: OpSpec, args: tuple, out, backend):
         return res
     expect = (p.shape2, p.args[0].dtype) if p.shape2 is not None else None
     res = _g.manager().dispatch(spec.name, p.args, None, backend, "facade", _NAMES.get(p.dtype, str(p.dtype)),
-                                p.nbytes, expect)
+                                p.nbytes, expect, kind)
     if p.finish is not None:
         res = p.finish(res)
     user_out = p.user_out

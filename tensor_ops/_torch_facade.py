@@ -24,6 +24,8 @@ from . import _state
 from ._arrays import ACCEPTED, bfloat16, kind_of
 from ._validate import same_place
 
+#: the oldest torch whose torch.library / torch.compiler APIs tensor_ops.torch uses
+MIN_TORCH = (2, 5)
 _PARAMS: dict = {}      # op -> its positional parameter names (the spec's signature)
 _NP = {}                # torch dtype -> NumPy dtype (filled on first use)
 _I16 = None
@@ -42,6 +44,15 @@ def _tables():
                     torch.float64: np.dtype(np.float64), torch.bfloat16: bfloat16()})
         _I16 = torch.int16
     return _NP
+
+
+def version_tuple(v: str) -> tuple:
+    """(major, minor) of a version string such as '2.13.0+cpu'."""
+    out = []
+    for part in v.split("+")[0].split(".")[:2]:
+        digits = "".join(c for c in part if c.isdigit())
+        out.append(int(digits or 0))
+    return tuple(out)
 
 
 def params(spec) -> tuple:
@@ -119,9 +130,11 @@ def route(spec, args: tuple, out, backend, general_device, grad: bool = True):
         return _library.autograd_call(spec.name, args, backend)
     if dev == "cpu":
         return host(spec, args, out, backend)
-    if dev != "cuda" and not served_device(dev):
+    if dev == "cuda":
+        return general_device(spec, args, out, backend)
+    if not served_device(dev):
         raise ValueError(unsupported_device(dev, params(spec)[0]))
-    return general_device(spec, args, out, backend)
+    return general_device(spec, args, out, backend, f"torch-{dev}")
 
 
 def validate(spec, args) -> None:
@@ -146,9 +159,9 @@ def host(spec, args: tuple, out, backend):
             r = f(*views)
             if r is not None:
                 return to_torch(r)
-    from ._facade import general
+    from ._facade import _general_arrays
     ov = to_numpy(out, "out") if out is not None else None
-    r = general(spec, views, ov, backend)
+    r = _general_arrays(spec, views, ov, backend, "torch-cpu")
     if out is not None:
         return out
     return to_torch(r)
