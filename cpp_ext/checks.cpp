@@ -4,6 +4,7 @@
 namespace to {
 
 int g_bf16_type_num = -1;
+PyObject* g_bf16_descr = nullptr;
 
 bool parse_bf16(const py::object& dtype) {
     if (dtype.is_none()) return false;
@@ -31,7 +32,11 @@ Arr get(const py::handle& h, const char* name, bool bf16, int want_dt, bool writ
         py::dtype d = py::reinterpret_borrow<py::dtype>(p->descr);
         if (d.itemsize() == 2 && py::str(d).cast<std::string>() == "bfloat16") {  // ml_dtypes
             dt = DT_BF16;
-            g_bf16_type_num = num;
+            if (!g_bf16_descr) {
+                Py_INCREF(p->descr);
+                g_bf16_descr = p->descr;
+                g_bf16_type_num = num;
+            }
         }
     }
     if (dt < 0 || (want_dt >= 0 && dt != want_dt)) {

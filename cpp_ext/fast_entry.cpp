@@ -129,7 +129,14 @@ PyObject* fast_geglu(PyObject*, PyObject* const* a, Py_ssize_t na) {
     return fast_call(FO_GEGLU, [&] { return glu(ap ? GLU_GEGLU_TANH : GLU_GEGLU_ERF, B(a[0]), none, none); });
 }
 
-#define TO_FASTCALL(f) reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)(void)>(f))
+// Every entry first hands torch tensors to torch_entry.cpp (views in, a tensor out).
+template <PyObject* (*F)(PyObject*, PyObject* const*, Py_ssize_t)>
+PyObject* entry(PyObject* self, PyObject* const* a, Py_ssize_t na) {
+    if (na > 0 && g_torch_tensor && Py_TYPE(a[0]) == g_torch_tensor) return torch_fast(F, self, a, na);
+    return F(self, a, na);
+}
+
+#define TO_FASTCALL(f) reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)(void)>(&entry<f>))
 // "name(args, /)\n--\n\n" is CPython's __text_signature__ form: inspect.signature() (and so
 // mypy.stubtest) sees the positional-only parameters; __doc__ keeps "(args) -> y or None".
 #define TO_DOC(name, args) name "(" args ", /)\n--\n\n(" args ") -> y or None"

@@ -44,7 +44,11 @@ def torch_status() -> dict:
     mod = sys.modules.get("tensor_ops.torch")
     if mod is not None:
         return mod.status()
-    if importlib.util.find_spec("torch") is None:
+    try:
+        spec = importlib.util.find_spec("torch")
+    except (ImportError, ValueError):
+        spec = None
+    if spec is None:
         return {"ok": False, "reason": "torch is not installed: torch tensors, autograd and torch.compile need it",
                 "torch": None}
     from importlib import metadata

@@ -113,9 +113,26 @@ def _grad_args(spec, args, out):
     return None
 
 
+_NATIVE = [False]
+
+
+def _native_entries() -> None:
+    """Once the cpp module is loaded: let its plain-call entries take torch CPU tensors directly
+    (cpp_ext/torch_entry.cpp), so a plain ``to.rms_norm(x, w)`` on tensors skips this module."""
+    import sys
+    mod = sys.modules.get("tensor_ops._cpp")
+    if mod is None or not hasattr(mod, "_set_torch"):
+        return
+    torch = _torch()
+    mod._set_torch(torch.Tensor, torch.float32, torch.float16, torch.bfloat16, torch.from_numpy, bfloat16())
+    _NATIVE[0] = True
+
+
 def route(spec, args: tuple, out, backend, general_device, grad: bool = True):
     """The facade call of ``spec`` whose first argument is a torch tensor (``grad=False``:
     never through autograd; the custom ops' own bodies call it that way)."""
+    if not _NATIVE[0]:
+        _native_entries()
     x = args[0]
     dev = x.device.type
     needs_grad = _grad_args(spec, args, out) if grad else None
@@ -126,6 +143,8 @@ def route(spec, args: tuple, out, backend, general_device, grad: bool = True):
                              f"out= with autograd too); call without out=, or under torch.no_grad()")
         _check_places(spec, args, None, x, dev)
         validate(spec, args)
+        from . import torch as tot
+        tot.require()                       # registered, or a RuntimeError saying why not
         from .torch import _library
         return _library.autograd_call(spec.name, args, backend)
     if dev == "cpu":

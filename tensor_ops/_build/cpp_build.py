@@ -63,7 +63,8 @@ HEADERS = ["simd.h", "vmath.h", "kernels.h", "variant.h"]
 # -O3 -g): the others compile in the kernels' thread pool. runtime.cpp alone uses what is
 # known only after the kernels compiled (TO_HAVE_<variant>, the generated to_build_info.h).
 BINDING_SOURCES = ["module.cpp", "runtime.cpp", "checks.cpp", "alloc.cpp", "bind_facade.cpp", "bind_tex.cpp",
-                   "bind_runtime.cpp", "fast_entry.cpp", "bind_autograd.cpp"]
+                   "bind_runtime.cpp", "fast_entry.cpp", "bind_autograd.cpp",
+                   "torch_entry.cpp"]
 LATE_BINDING_SOURCES = ["runtime.cpp"]
 BINDING_HEADERS = ["kernels.h", "runtime.h", "checks.h", "alloc.h", "binding.h"]
 

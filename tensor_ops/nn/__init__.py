@@ -48,7 +48,8 @@ def _flat(x, shape: tuple):
 class RMSNorm(nn.Module):
     """``torch.nn.RMSNorm`` on tensor_ops: ``x / sqrt(mean(x^2) + eps) * weight``.
 
-    Args (as torch.nn.RMSNorm): normalized_shape, eps (None: ``torch.finfo(x.dtype).eps``),
+    Args (as torch.nn.RMSNorm): normalized_shape, eps (None: the machine epsilon of the math
+    dtype, float32 for 16-bit inputs, as torch),
     elementwise_affine, device, dtype. Extra, keyword-only: ``offset`` (the weight is used as
     ``offset + weight``: 1.0 for Gemma's zero-centred weights) and ``backend``.
     """
@@ -80,7 +81,9 @@ class RMSNorm(nn.Module):
         return new
 
     def forward(self, x):
-        eps = self.eps if self.eps is not None else torch.finfo(x.dtype).eps
+        # torch's default: the machine epsilon of the math dtype (float32 for 16-bit storage)
+        eps = self.eps if self.eps is not None else torch.finfo(torch.float64 if x.dtype == torch.float64
+                                                                else torch.float32).eps
         n = math.prod(self.normalized_shape)
         w = self.weight
         if w is None:

@@ -14,7 +14,7 @@ Who computes what:
   ``glu2_bwd``, ``gelu_erf_bwd`` (cpp_ext/backward.cpp). silu, tanh-GELU, relu and softmax:
   the tex ops ``tex.dsilu``/``dgelu``/``drelu``/``scaled_softmax_backward`` (native where
   tex has cpp kernels for them, its torch reference otherwise). rope: the forward itself
-  with ``-sin`` (a rotation's transpose is the opposite rotation).
+  with ``-sin`` (a rotation's transpose is the opposite rotation; _library._rope_backward).
 - **everything else** (float64, other devices, no cpp): torch formulas, in float32 for
   16-bit storage and in float64 for float64 (so ``torch.autograd.gradcheck`` sees exact
   derivatives).
@@ -289,11 +289,6 @@ def glu2_bwd(act: str, dy, a, b):
 
 def _glu2_formula(act, g, a, b):
     return g * b * _dact(act, a), g * _act(act, a)
-
-
-def rope_bwd(dy, cos, sin, interleaved: bool, backend):
-    """dx of rope: the opposite rotation, i.e. rope with -sin."""
-    return forward("rope", (dy.contiguous(), cos, torch.neg(sin), interleaved), backend)
 
 
 def rope_table_grads(dy, x, cos, sin, interleaved: bool):

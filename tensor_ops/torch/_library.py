@@ -69,9 +69,12 @@ def _rms_setup(ctx, inputs, output):
     x, weight = inputs[0], inputs[1]
     ctx.save_for_backward(x, weight, output[1])
     ctx.mark_non_differentiable(output[1])
+    ctx.set_materialize_grads(False)     # no zero-filled gradient for the statistics
 
 
 def _rms_backward(ctx, dy, _drs):
+    if dy is None:
+        return None, None, None, None
     x, weight, rs = ctx.saved_tensors
     dx, dw = OPS["rms_norm_bwd"](dy, x, rs, weight)
     return dx, dw, None, None
@@ -95,9 +98,12 @@ def _ln_setup(ctx, inputs, output):
     ctx.has_bias = bias is not None
     ctx.save_for_backward(x, weight, output[1], output[2])
     ctx.mark_non_differentiable(output[1], output[2])
+    ctx.set_materialize_grads(False)
 
 
 def _ln_backward(ctx, dy, _dmu, _drs):
+    if dy is None:
+        return None, None, None, None, None
     x, weight, mu, rs = ctx.saved_tensors
     dx, dw, db = OPS["layer_norm_bwd"](dy, x, mu, rs, weight)
     return dx, dw, (db if ctx.has_bias else None), None, None
@@ -260,9 +266,17 @@ def _rope_setup(ctx, inputs, output):
 
 
 def _rope_backward(ctx, dy):
+    """dx = R^T dy: the rotation by -angle, i.e. rope with cos and -sin' where sin' pairs each
+    element with its partner's sine (the halves / pairs of a (T, n) table swapped; a (T, n/2)
+    table is its own swap)."""
     cos, sin, x = ctx.saved_tensors
-    dx = OPS["rope"](dy.contiguous(), cos, torch.neg(sin), ctx.interleaved, ctx.backend) \
-        if ctx.needs_input_grad[0] else None
+    dx = None
+    if ctx.needs_input_grad[0]:
+        s = sin
+        if dy.shape[-1] == s.shape[-1]:
+            h = s.shape[-1] // 2
+            s = s.unflatten(-1, (h, 2)).flip(-1).flatten(-2) if ctx.interleaved else torch.cat([s[..., h:], s[..., :h]], -1)
+        dx = OPS["rope"](dy.contiguous(), cos, torch.neg(s), ctx.interleaved, ctx.backend)
     dc = ds = None
     if x is not None:
         dc, ds = K.rope_table_grads(dy, x, cos, sin, ctx.interleaved)
