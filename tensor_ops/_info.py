@@ -49,8 +49,8 @@ def torch_status() -> dict:
     except (ImportError, ValueError):
         spec = None
     if spec is None:
-        return {"ok": False, "reason": "torch is not installed: torch tensors, autograd and torch.compile need it",
-                "torch": None}
+        return {"ok": False, "torch": None,
+                "reason": "torch is not installed: torch tensors, autograd and torch.compile need it"}
     from importlib import metadata
     try:
         version = metadata.version("torch")

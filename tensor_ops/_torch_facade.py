@@ -27,7 +27,7 @@ from ._validate import same_place
 #: the oldest torch whose torch.library / torch.compiler APIs tensor_ops.torch uses
 MIN_TORCH = (2, 5)
 _PARAMS: dict = {}      # op -> its positional parameter names (the spec's signature)
-_NP = {}                # torch dtype -> NumPy dtype (filled on first use)
+_NP: dict = {}          # torch dtype -> NumPy dtype (filled on first use)
 _I16 = None
 
 

@@ -122,7 +122,7 @@ def test_gradients_match_float64_autograd(name, dtype):
     for i, (a, a64) in enumerate(zip(xs, x64)):
         scale = max(1.0, float(a64.grad.abs().max()))
         torch.testing.assert_close(a.grad.double(), a64.grad, rtol=rtol, atol=atol * scale,
-                                   msg=lambda m: f"grad of input {i}: {m}")
+                                   msg=lambda m, i=i: f"grad of input {i}: {m}")
 
 
 def _T(*s, dtype=torch.float32, grad=True):

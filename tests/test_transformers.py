@@ -58,6 +58,7 @@ def test_apply_reports_what_it_replaced(family):
     rep = to_hf.apply(m)
     assert len(rep.replaced["rms_norm"]) == NORMS[family], rep
     assert len(rep.replaced["mlp"]) == 2 and len(rep.replaced["rope"]) == 2 and not rep.skipped, rep
+    assert rep.replaced["softmax"] == rep.replaced["rope"], rep
     assert str(rep).startswith(f"tensor_ops patched {m.config.model_type}: rms_norm: {NORMS[family]} modules")
     assert list(m.state_dict()) == keys and [id(p) for p in m.parameters()] == params
     assert all(isinstance(mod, tnn.RMSNorm) for p, mod in m.named_modules() if p in rep.replaced["rms_norm"])
@@ -70,8 +71,9 @@ def test_apply_reports_what_it_replaced(family):
 
 def test_flags_choose_the_parts():
     m = tiny("llama")
-    rep = to_hf.apply(m, rms_norm=False, rope=False)
-    assert rep.replaced == {"rms_norm": [], "mlp": ["model.layers.0.mlp", "model.layers.1.mlp"], "rope": []}
+    rep = to_hf.apply(m, rms_norm=False, rope=False, softmax=False)
+    assert rep.replaced == {"rms_norm": [], "mlp": ["model.layers.0.mlp", "model.layers.1.mlp"], "rope": [],
+                            "softmax": []}
     again = to_hf.apply(m)                     # the rest later; nothing is patched twice
     assert not again.replaced["mlp"] and len(again.replaced["rms_norm"]) == 5
 

@@ -16,6 +16,10 @@ What is swapped, and how checkpoints and optimizers keep working:
   ``apply_rotary_pos_emb`` gets an instance ``forward`` that calls tensor_ops' instead (the
   same code with that one global replaced; nothing module-wide is changed, so unpatched
   models in the process are untouched).
+- **softmax** of eager attention (``attn_implementation="eager"``; SDPA and flash attention
+  keep theirs): the same instance ``forward`` calls a copy of the module's
+  ``eager_attention_forward`` whose ``nn.functional.softmax`` is tensor_ops' (fp32 math; a
+  16-bit result stays 16-bit, which the function casts to the query's dtype anyway).
 
 The returned :class:`Patched` says what was replaced and skipped (and why) and can
 ``undo()`` it. Outputs keep the input's dtype (Hugging Face's Llama RMSNorm returns the
@@ -54,7 +58,7 @@ class Patched:
     """What :func:`apply` did: module paths per part, skipped ones with the reason."""
 
     model_type: str = ""
-    replaced: dict = field(default_factory=lambda: {"rms_norm": [], "mlp": [], "rope": []})
+    replaced: dict = field(default_factory=lambda: {"rms_norm": [], "mlp": [], "rope": [], "softmax": []})
     skipped: dict = field(default_factory=dict)          # path -> why
     _undo: list = field(default_factory=list, repr=False)
 
@@ -74,12 +78,13 @@ class Patched:
         return text
 
 
-def apply(model, *, rms_norm: bool = True, mlp: bool = True, rope: bool = True, backend=None) -> Patched:
+def apply(model, *, rms_norm: bool = True, mlp: bool = True, rope: bool = True, softmax: bool = True,
+          backend=None) -> Patched:
     """Swap ``model``'s RMSNorms, gated MLP activation and RoPE for tensor_ops ones, in place.
 
     Args:
         model: a Hugging Face ``PreTrainedModel`` (or any ``nn.Module`` containing those parts).
-        rms_norm, mlp, rope: which parts to swap.
+        rms_norm, mlp, rope, softmax: which parts to swap (softmax: eager attention's).
         backend: a tensor_ops backend order for the new modules (None: the resolver's).
 
     Returns:
@@ -102,8 +107,8 @@ def apply(model, *, rms_norm: bool = True, mlp: bool = True, rope: bool = True, 
                 continue
             _swap(model, path, tnn.GatedMLP(mod.gate_proj, mod.up_proj, mod.down_proj, act, backend=backend), rep,
                   "mlp")
-        elif rope and _calls_rope(mod):
-            _patch_rope(mod, path, rep, backend)
+        elif (rope or softmax) and _patchable_attention(mod):
+            _patch_attention(mod, path, rep, backend, rope, softmax)
     log.info("%s", rep)
     return rep
 
@@ -115,12 +120,17 @@ def _is_rms_norm(mod) -> bool:
             and (hasattr(mod, "variance_epsilon") or hasattr(mod, "eps")))
 
 
-@functools.lru_cache(maxsize=None)
+_SOURCES: dict = {}
+
+
 def _source(cls) -> str:
-    try:
-        return inspect.getsource(cls.forward)
-    except (OSError, TypeError):
-        return ""
+    """The source of ``cls.forward`` ('' when unavailable), read once per class."""
+    if cls not in _SOURCES:
+        try:
+            _SOURCES[cls] = inspect.getsource(cls.forward)
+        except (OSError, TypeError):
+            _SOURCES[cls] = ""
+    return _SOURCES[cls]
 
 
 def _offset(mod) -> float:
@@ -160,23 +170,48 @@ def _swap(model, path: str, new, rep: Patched, part: str) -> None:
     rep._undo.append(lambda: setattr(parent, name, old))
 
 
-def _calls_rope(mod) -> bool:
+def _patchable_attention(mod) -> bool:
     fn = getattr(type(mod), "forward", None)
     code = getattr(fn, "__code__", None)
     return code is not None and _ROPE in code.co_names and _ROPE in getattr(fn, "__globals__", {}) \
         and "forward" not in vars(mod)
 
 
-def _patch_rope(mod, path: str, rep: Patched, backend) -> None:
-    fn = type(mod).forward
-    original = fn.__globals__[_ROPE]
+def _with_globals(fn, **new):
+    """A copy of function ``fn`` whose module globals are overridden by ``new`` (only there)."""
     g = dict(fn.__globals__)
-    g[_ROPE] = functools.partial(apply_rotary_pos_emb, original=original, backend=backend)
-    new = types.FunctionType(fn.__code__, g, fn.__name__, fn.__defaults__, fn.__closure__)
-    new.__kwdefaults__ = fn.__kwdefaults__
-    new.__qualname__ = fn.__qualname__
-    mod.forward = types.MethodType(new, mod)
-    rep.replaced["rope"].append(path)
+    g.update(new)
+    out = types.FunctionType(fn.__code__, g, fn.__name__, fn.__defaults__, fn.__closure__)
+    out.__kwdefaults__ = fn.__kwdefaults__
+    out.__qualname__ = fn.__qualname__
+    return out
+
+
+def _functional(backend):
+    """torch.nn.functional with softmax computed by tensor_ops (for eager attention's copy)."""
+    ns = {k: v for k, v in vars(torch.nn.functional).items() if not k.startswith("__")}
+
+    def softmax(input, dim=None, _stacklevel=3, dtype=None):
+        return _tot._call("softmax", input, -1 if dim is None else int(dim), backend=backend)
+    ns["softmax"] = softmax
+    return types.SimpleNamespace(functional=types.SimpleNamespace(**ns))
+
+
+def _patch_attention(mod, path: str, rep: Patched, backend, rope: bool, softmax: bool) -> None:
+    fn = type(mod).forward
+    new = {}
+    if rope:
+        new[_ROPE] = functools.partial(apply_rotary_pos_emb, original=fn.__globals__[_ROPE], backend=backend)
+    eager = fn.__globals__.get("eager_attention_forward")
+    if softmax and callable(eager) and getattr(eager, "__code__", None) is not None and "nn" in eager.__code__.co_names:
+        new["eager_attention_forward"] = _with_globals(eager, nn=_functional(backend))
+    if not new:
+        return
+    mod.forward = types.MethodType(_with_globals(fn, **new), mod)
+    if rope:
+        rep.replaced["rope"].append(path)
+    if "eager_attention_forward" in new:
+        rep.replaced["softmax"].append(path)
     rep._undo.append(lambda: vars(mod).pop("forward", None))
 
 

@@ -74,7 +74,7 @@ class RMSNorm(nn.Module):
         with ``weight`` and ``eps``/``variance_epsilon``, e.g. Hugging Face's)."""
         w = module.weight
         eps = getattr(module, "eps", getattr(module, "variance_epsilon", None))
-        new = cls(tuple(w.shape) if w is not None else getattr(module, "normalized_shape"), eps,
+        new = cls(tuple(w.shape) if w is not None else module.normalized_shape, eps,
                   elementwise_affine=w is not None, device="meta", offset=offset, backend=backend)
         if w is not None:
             new.weight = w

@@ -275,7 +275,8 @@ def _rope_backward(ctx, dy):
         s = sin
         if dy.shape[-1] == s.shape[-1]:
             h = s.shape[-1] // 2
-            s = s.unflatten(-1, (h, 2)).flip(-1).flatten(-2) if ctx.interleaved else torch.cat([s[..., h:], s[..., :h]], -1)
+            s = (s.unflatten(-1, (h, 2)).flip(-1).flatten(-2) if ctx.interleaved
+                 else torch.cat([s[..., h:], s[..., :h]], -1))
         dx = OPS["rope"](dy.contiguous(), cos, torch.neg(s), ctx.interleaved, ctx.backend)
     dc = ds = None
     if x is not None:
