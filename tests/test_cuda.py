@@ -164,7 +164,7 @@ def test_symbol_check_names_missing_kernels(tmp_path):
         (src / name).write_text((ROOT / "cuda_ext" / name).read_text())
     out = tmp_path / "partial.fatbin"
     cb.build_fatbin(out, archs=[75], src_dir=src, record=False, log=lambda *_: None)
-    with pytest.raises(cb.CudaBuildError, match=r"sm_75 lacks .*rms_norm_f32"):
+    with pytest.raises(cb.CudaBuildError, match=r"sm_75 lacks .*to_rms_norm_f32"):
         cb.check_fatbin(out)
     with pytest.raises(cb.CudaBuildError, match="no SASS for sm_90"):
         cb.check_fatbin(out, expected_archs=["sm_75", "sm_90"])
@@ -531,8 +531,8 @@ static std::atomic<bool> emu_misaligned{false};
 #define __forceinline__ inline
 #define __launch_bounds__(...)
 #define __shared__ static
-#define TOPS_HOST_EMULATION 1
-#define TOPS_EMU_CHECK_ALIGN(p, a) \
+#define TO_HOST_EMULATION 1
+#define TO_EMU_CHECK_ALIGN(p, a) \
     do { if (reinterpret_cast<std::uintptr_t>(p) % (a)) emu_misaligned.store(true); } while (0)
 
 inline void __syncthreads() { emu_block_bar->arrive_and_wait(); }
@@ -689,7 +689,7 @@ def emu(emu_lib, monkeypatch):
             ptrs = (ctypes.c_void_p * len(cargs))(*[ctypes.cast(ctypes.pointer(c), ctypes.c_void_p) for c in cargs])
             assert grid[2] == 1 and block[2] == 1
             assert block[0] * block[1] <= 1024 and grid[1] <= 65535
-            rc = emu_lib.emu_launch(name.encode(), grid[0], grid[1], block[0], block[1], ptrs)
+            rc = emu_lib.emu_launch(("to_" + name).encode(), grid[0], grid[1], block[0], block[1], ptrs)
             assert rc != -1, f"no kernel {name}"
             assert rc != 2, f"{name}: a vector access was misaligned (grid {grid}, block {block}, args {args})"
         return launch

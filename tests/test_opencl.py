@@ -476,15 +476,15 @@ def test_layer_norm_special_rows(cl_ok):
 
 def test_rebuild_drops_stale_entries_of_the_same_device(fresh):
     st = ocl._state()
-    tag = sorted(fresh.glob("norms-*.bin"))[0].name.split("-")[1]
-    stale = fresh / f"norms-{tag}-{'0' * 24}.bin"
-    other = fresh / f"norms-{'f' * 12}-{'0' * 24}.bin"     # another device: kept
-    legacy = fresh / f"norms-{'a' * 32}.bin"                 # pre-release naming: dropped
+    tag = sorted(fresh.glob("norm-*.bin"))[0].name.split("-")[1]
+    stale = fresh / f"norm-{tag}-{'0' * 24}.bin"
+    other = fresh / f"norm-{'f' * 12}-{'0' * 24}.bin"     # another device: kept
+    legacy = fresh / f"norm-{'a' * 32}.bin"                 # pre-release naming: dropped
     for f in (stale, other, legacy):
         f.write_bytes(b"old")
-    ocl.load_program(st.ctx, st.device, "norms", force_build=True)
+    ocl.load_program(st.ctx, st.device, "norm", force_build=True)
     assert not stale.exists() and not legacy.exists() and other.exists()
-    assert len(list(fresh.glob(f"norms-{tag}-*.bin"))) == 1
+    assert len(list(fresh.glob(f"norm-{tag}-*.bin"))) == 1
 
 
 def test_gpu_layout_and_copy_mode_on_this_device(fresh, monkeypatch):

@@ -175,7 +175,7 @@ def _load_module():
         if reason is None:
             try:
                 mod = cupy.RawModule(path=str(FATBIN_PATH))
-                mod.get_function("rms_norm_f32")  # forces the load: no image for this GPU fails here
+                mod.get_function("to_rms_norm_f32")  # forces the load: no image for this GPU fails here
                 _MODULE_INFO.update(source="fatbin", nvrtc_reason=None)
             except Exception as exc:
                 reason = f"the fatbin did not load on sm_{cc}: {type(exc).__name__}: {exc}"
@@ -183,7 +183,7 @@ def _load_module():
         if mod is None:
             try:
                 mod = cupy.RawModule(code=nvrtc_source(), options=NVRTC_OPTIONS)
-                mod.get_function("rms_norm_f32")
+                mod.get_function("to_rms_norm_f32")
             except Exception as exc:
                 raise _fail(f"{reason}; NVRTC compilation of cuda_ext/ failed too: "
                             f"{type(exc).__name__}: {exc}", exc) from exc
@@ -198,7 +198,7 @@ def _kernel(name: str, dev: int = 0):
         raise _fail(f"injected launch failure for {name} (tensor_ops.backends.cuda._FAULT='launch')")
     k = _KERNELS.get((dev, name))
     if k is None:
-        k = _KERNELS[(dev, name)] = _load_module().get_function(name)
+        k = _KERNELS[(dev, name)] = _load_module().get_function("to_" + name)
     return k
 
 

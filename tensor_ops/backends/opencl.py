@@ -33,7 +33,7 @@ NAME = "opencl"
 # device (PoCL) the C++ backend is faster. pyopencl arrays are always served here.
 HOST_ARRAYS = "when-named"
 OPS = ("rms_norm", "layer_norm", "softmax", "silu", "relu", "gelu", "swiglu", "geglu", "rope")
-FAMILIES = ("norms", "softmax", "activations", "rope")
+FAMILIES = ("norm", "softmax", "activation", "rope")
 CACHE_FORMAT = b"TOCLBIN1"  # magic + sha256(payload) + payload
 
 #: Test hook: ``None`` or one of ``"build"`` (programs fail to compile), ``"device_lost"``
@@ -292,9 +292,9 @@ _ARG_TYPES = {   # kernel name without storage suffix -> pyopencl scalar arg dty
     **{k: [None, None, None, None, _I32, _I32, _I32, _I32] for k in ("rope", "rope_interleaved")},
 }
 
-_KERNEL_FAMILY = {"rms_norm": "norms", "layer_norm": "norms", "softmax": "softmax",
+_KERNEL_FAMILY = {"rms_norm": "norm", "layer_norm": "norm", "softmax": "softmax",
                   "rope": "rope", "rope_interleaved": "rope",
-                  **{k: "activations" for k in ("silu", "relu", "gelu", "gelu_tanh", "swiglu",
+                  **{k: "activation" for k in ("silu", "relu", "gelu", "gelu_tanh", "swiglu",
                                                 "geglu", "geglu_tanh")}}
 
 
@@ -336,7 +336,7 @@ class _Device:
             with _LOCK:
                 k = self.kernels.get(name)
                 if k is None:
-                    k = cl.Kernel(self.programs[_KERNEL_FAMILY[base]], name)
+                    k = cl.Kernel(self.programs[_KERNEL_FAMILY[base]], "to_" + name)
                     # declared scalar types let pyopencl use its fast generated arg setter
                     # (~30 us per call saved against set_args' per-argument inspection)
                     k.set_scalar_arg_dtypes(_ARG_TYPES[base])
