@@ -42,7 +42,7 @@ def get_backend_info() -> dict:
     Example:
         >>> import tensor_ops as to
         >>> sorted(to.get_backend_info()["backends"])
-        ['cpp', 'cuda', 'numpy', 'opencl']
+        ['cpp', 'cuda', 'cupy', 'numpy', 'opencl']
     """
     info: dict = {"version": _version.__version__,
                   "env": _env.set_in()}
