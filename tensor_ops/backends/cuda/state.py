@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import sys
 import threading
-from typing import Optional
 
 #: guards loading the kernel module
 LOCK = threading.RLock()
@@ -21,6 +20,6 @@ EXT_STREAMS: dict = {}
 _PKG = sys.modules[__package__]
 
 
-def fault() -> Optional[str]:
+def fault() -> str | None:
     """The fault injected through ``BACKEND.inject_fault`` ("launch", "oom"), or None."""
     return _PKG.BACKEND.fault

@@ -24,9 +24,10 @@ from __future__ import annotations
 import numpy as np
 
 from .._contract import Backend, Unavailable, ops_from
-from . import device, launch, ops, programs, settings, state  # noqa: F401 - the package's parts
+from . import device, launch, ops, programs, settings, state
+# the op functions under the op names (the name rule) and the helpers build_opencl and tests use
 from .device import all_devices, select_device
-from .ops import gelu, geglu, layer_norm, relu, rms_norm, rope, silu, softmax, swiglu
+from .ops import geglu, gelu, layer_norm, relu, rms_norm, rope, silu, softmax, swiglu
 from .programs import (FAMILIES, build_options, cache_dir, cache_path, load_program, local_size,
                        program_source, source_dir, source_hash)
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import sys
 import threading
-from typing import Any, Optional
+from typing import Any
 
 #: guards device creation, kernel creation, the buffer pool and enqueues
 LOCK = threading.RLock()
@@ -15,7 +15,7 @@ device: Any = None
 ctx_devices: dict = {}
 #: host-array strategy: None = per device ("hostptr" on CPU / unified-memory devices, "copy"
 #: otherwise); :func:`tensor_ops.backends.opencl.set_host_mode` sets it (benchmark, tests)
-host_mode: Optional[str] = None
+host_mode: str | None = None
 #: binary-cache counters and the last program load time, shown by get_opencl_info()
 STATS = {"hits": 0, "misses": 0, "builds": 0, "corrupt": 0, "load_ms": 0.0}
 
@@ -24,7 +24,7 @@ STATS = {"hits": 0, "misses": 0, "builds": 0, "corrupt": 0, "load_ms": 0.0}
 _PKG = sys.modules[__package__]
 
 
-def fault() -> Optional[str]:
+def fault() -> str | None:
     """The fault injected through ``BACKEND.inject_fault`` ("build", "device_lost", "oom"), or None."""
     return _PKG.BACKEND.fault
 
