@@ -25,6 +25,7 @@ import numpy as np
 
 from .._contract import Backend, Unavailable, ops_from
 from . import device, launch, ops, programs, settings, state
+
 # the op functions under the op names (the name rule) and the helpers build_opencl and tests use
 from .device import all_devices, select_device
 from .ops import geglu, gelu, layer_norm, relu, rms_norm, rope, silu, softmax, swiglu
