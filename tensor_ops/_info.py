@@ -171,3 +171,8 @@ def get_opencl_info() -> dict:
 def get_cuda_info() -> dict:
     """The CUDA backend: availability (or why not), devices, fatbin or NVRTC."""
     return backend_info("cuda")
+
+
+def get_cupy_info() -> dict:
+    """The CuPy reference backend (float64 and matmul on device arrays): availability (or why not)."""
+    return backend_info("cupy")

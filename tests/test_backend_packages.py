@@ -17,7 +17,8 @@ import pytest
 
 import tensor_ops as to
 from tensor_ops import BackendImplKind, BackendUnavailableError
-from tensor_ops._manager import OpManager, _default_rank
+from tensor_ops._manager import OpManager
+from tensor_ops._resolve import default_rank
 from tensor_ops._ops import FACADE_OPS, KERNEL_OPS
 from tensor_ops._registry import OpImpl, OpRegistry
 from tensor_ops.backends import BUILTIN_NAMES
@@ -49,6 +50,8 @@ def test_builtin_backend_satisfies_the_contract(name):
     got = getter()
     assert got["available"] in (True, False) and got["module"] == names["module"]
     assert got["available"] or got["reason"]
+    top = getattr(to, names["info_getter"])()             # ... and at tensor_ops
+    assert names["info_getter"] in to.__all__ and top["available"] == got["available"]
     if hasattr(mod, "availability"):                     # the device helpers' shortcut
         assert mod.availability() == b.availability()
     assert set(b.faults) == set(b.faults) & {"build", "device_lost", "oom", "launch"}
@@ -153,7 +156,7 @@ def test_cupy_reference_comes_last():
     cands = m.resolve("rms_norm", None, "facade", "float64", 64).candidates
     assert cands[-1].declines_host                  # device_only: never handed host arrays
     impls = {i.impl_id: i for i in reg.get_impls("rms_norm", "facade")}
-    ranked = sorted(impls.values(), key=_default_rank)
+    ranked = sorted(impls.values(), key=default_rank)
     assert [i.impl_id for i in ranked] == ["default.fake", "reference.numpy", "reference.cupy"]
     assert to.get_backend("matmul") == "numpy"      # the global order: host arrays stay on NumPy
 
