@@ -65,6 +65,11 @@ def test_device_package_layout(name):
     mod = _mod(name)
     b = mod.BACKEND
     assert b.device_only and "numpy" in b.array_kinds
+    # the declared dtypes are what supports() takes (host arrays: float16/float32 only)
+    assert set(b.dtypes) >= {"float16", "float32"} and "float64" not in b.dtypes
+    for dt in ("float16", "float32", "float64"):
+        x = np.zeros((2, 8), dt)
+        assert bool(b.supports["silu"](x, None)) == (dt in b.dtypes), (name, dt)
     assert b.ops == ops_from(vars(mod.ops))
     for op, fn in b.ops.items():
         assert getattr(mod, op) is fn

@@ -149,8 +149,10 @@ def info() -> dict:
 
 
 _OPS = ops_from(globals())
+# dtypes=None: they differ per op (float64 for the kernel ops, every float dtype for matmul),
+# so supports() says
 BACKEND = Backend(name=NAME, ops=_OPS, probe=_probe, kind=BackendImplKind.REFERENCE,
-                  array_kinds=("cupy", "torch-cuda"), device_only=True,
+                  array_kinds=("cupy", "torch-cuda"), dtypes=None, device_only=True,
                   supports={op: _supports(_FLOATS if op == "matmul" else _F64) for op in _OPS},
                   info=info, priority=-1)
 
