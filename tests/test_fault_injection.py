@@ -9,8 +9,9 @@ counted in ``get_backend_info()["ops"][op]["failures"]``, strict mode raises
 Native faults go through the one fault hook of the backend contract,
 ``BACKEND.inject_fault(kind)`` (opencl: ``build`` / ``device_lost`` / ``oom``; cuda: ``oom`` /
 ``launch``), or replace the native entry points; each such scenario runs in a fresh
-interpreter so the once-per-process warning and the availability cache start clean. Python-level faults register vendor impls
-with unique ids into the live registry and remove them afterwards.
+interpreter so the once-per-process warning and the availability cache start clean.
+Python-level faults register vendor impls with unique ids into the live registry and remove
+them afterwards.
 """
 from __future__ import annotations
 

@@ -24,12 +24,12 @@ from __future__ import annotations
 import numpy as np
 
 from .._contract import Backend, Unavailable, ops_from
-from . import device, launch, ops, programs, settings, state
+from . import device, launch, ops, programs, settings, state  # noqa: F401 - the package's parts
 
 # the op functions under the op names (the name rule) and the helpers build_opencl and tests use
-from .device import all_devices, select_device
-from .ops import geglu, gelu, layer_norm, relu, rms_norm, rope, silu, softmax, swiglu
-from .programs import (FAMILIES, build_options, cache_dir, cache_path, load_program, local_size,
+from .device import all_devices, select_device  # noqa: F401
+from .ops import geglu, gelu, layer_norm, relu, rms_norm, rope, silu, softmax, swiglu  # noqa: F401
+from .programs import (FAMILIES, build_options, cache_dir, cache_path, load_program, local_size,  # noqa: F401
                        program_source, source_dir, source_hash)
 
 NAME = "opencl"
@@ -76,7 +76,8 @@ def info() -> dict:
                                   "version": d.platform.version.strip(), "devices": []})
             plats[pi]["devices"].append({
                 "index": f"{pi}:{di}", "name": d.name.strip(),
-                "type": cl.device_type.to_string(d.type), "version": d.version.strip(),
+                "type": cl.device_type.to_string(d.type),  # type: ignore[operator]  # (the stub's enum)
+                "version": d.version.strip(),
                 "driver": d.driver_version.strip(), "compute_units": d.max_compute_units,
                 "global_mem": d.global_mem_size, "cl_khr_fp16": "cl_khr_fp16" in d.extensions})
         out["platforms"] = list(plats.values())

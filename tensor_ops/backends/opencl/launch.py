@@ -153,7 +153,8 @@ def _launch_device(st: Device, knl, arrays, out, scalars, gsize):
     import pyopencl as cl
     import pyopencl.array as cla
     q = arrays[0].queue or st.queue
-    bufs, waits = [], []
+    bufs: list = []
+    waits: list = []
     for a in arrays:
         if a is None:
             bufs.append(bufs[0])
@@ -170,7 +171,7 @@ def _launch_device(st: Device, knl, arrays, out, scalars, gsize):
         evt = knl(q, gsize, (st.lws,) + (1,) * (len(gsize) - 1), *bufs, dst.base_data,
                   *scalars, wait_for=waits or None)
     if dst is not out:
-        evt = cl.enqueue_copy(q, out.base_data, dst.base_data, dst_offset=out.offset,
+        evt = cl.enqueue_copy(q, out.base_data, dst.base_data, dst_offset=out.offset,  # type: ignore[arg-type]
                               byte_count=dst.nbytes, wait_for=[evt])
     out.add_event(evt)
     return out

@@ -200,7 +200,9 @@ def load_program(ctx, device, family: str, *, force_build: bool = False):
             stats["corrupt"] += 1   # the driver refused it: treat as stale, rebuild
     stats["misses"] += 1
     try:
-        prg = cl.Program(ctx, src).build(options=options, devices=[device], cache_dir=False)
+        # cache_dir=False turns pyopencl's own cache off (ours is above); its stub says str | None
+        prg = cl.Program(ctx, src).build(options=options, devices=[device],
+                                         cache_dir=False)  # type: ignore[arg-type]
     except cl.Error as exc:
         raise _fail(f"building program {family!r} for {device.name.strip()!r} failed; "
                     f"build log:\n{exc}", exc) from None
