@@ -172,7 +172,7 @@ VARS: tuple = (
         whole_number, default_doc="1024 or 1/16 of physical memory, whichever is less"),
     Var("OMP_NUM_THREADS", _C, "threads of the C++ kernels (OpenMP runtime)", "2",
         default_doc="all cores", external=True),
-    # -- OpenCL backend (tensor_ops/backends/opencl.py)
+    # -- OpenCL backend (tensor_ops/backends/opencl/settings.py)
     Var("TENSOR_OPS_OPENCL_DEVICE", ("opencl",), "OpenCL device: `platform:device` index or a name "
         "substring", "0:0, pthread", default_doc="the fastest GPU, else the first CPU device"),
     Var("TENSOR_OPS_OPENCL_CACHE", ("opencl", "build"), "OpenCL program-binary cache directory",

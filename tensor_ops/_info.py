@@ -78,7 +78,7 @@ def get_backend_info() -> dict:
     Example:
         >>> import tensor_ops as to
         >>> sorted(to.get_backend_info()["backends"])
-        ['cpp', 'cuda', 'numpy', 'opencl']
+        ['cpp', 'cuda', 'cupy', 'numpy', 'opencl']
     """
     info: dict = {"version": _version.__version__,
                   "env": _env.set_in()}
@@ -216,3 +216,8 @@ def get_opencl_info() -> dict:
 def get_cuda_info() -> dict:
     """The CUDA backend: availability (or why not), devices, fatbin or NVRTC."""
     return backend_info("cuda")
+
+
+def get_cupy_info() -> dict:
+    """The CuPy reference backend (float64 and matmul on device arrays): availability (or why not)."""
+    return backend_info("cupy")

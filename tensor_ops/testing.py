@@ -27,6 +27,7 @@ from typing import Any, Iterable, Iterator, Optional, Union
 
 import numpy as np
 
+from ._errors import BackendUnsupportedError
 from ._ops import SPECS, TOLERANCES, OpSpec, spec
 from ._ops import tolerance as _tolerance
 
@@ -222,13 +223,12 @@ def run_case(case: Case, backend: str, kind: str = "numpy") -> tuple[str, str]:
     (its ``supports()``, or a forced backend's BackendUnsupportedError for a dtype or array
     kind it does not serve), and which the resolver then gave to another impl, is 'declined',
     never a pass."""
-    from ._errors import BackendUnsupportedError
     x = case.x
     before = _served(case.op, backend, case.dtype, x.nbytes, kind)
     try:
         got = case.call(backend, kind=kind)
-    except BackendUnsupportedError as exc:
-        return "declined", str(exc)
+    except BackendUnsupportedError as exc:   # the forced backend does not serve this dtype/kind
+        return "declined", f"raised BackendUnsupportedError: {exc}"
     except Exception as exc:  # strict mode: a backend failure lands here
         return "failed", f"raised {type(exc).__name__}: {exc}"
     after = _served(case.op, backend, case.dtype, x.nbytes, kind)
