@@ -21,19 +21,12 @@ def _backend_info(name: str, mod: Any, m) -> dict:
     if backend is not None:
         out["array_kinds"] = list(backend.array_kinds)
         out["device_only"] = backend.device_only
-    elif name in _LEGACY_KINDS:       # not on the Backend contract yet: what its supports() takes
-        out["array_kinds"] = list(_LEGACY_KINDS[name])
-        out["device_only"] = True
     if ok and hasattr(mod, "info"):
         try:
             out["info"] = mod.info()
         except Exception as exc:  # info must never break introspection
             out["info"] = {"error": f"{type(exc).__name__}: {exc}"}
     return out
-
-
-#: array kinds of the backends not yet declaring a Backend (host kinds only when an order names them)
-_LEGACY_KINDS = {"opencl": ("numpy", "torch-cpu", "pyopencl"), "cuda": ("numpy", "torch-cpu", "cupy", "torch-cuda")}
 
 
 def torch_status() -> dict:

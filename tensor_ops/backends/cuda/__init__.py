@@ -147,7 +147,7 @@ def get_cuda_info() -> dict:
 _OPS = ops_from(vars(ops))
 #: the ops with CUDA kernels (the benchmark engine iterates them for set_host_copy_policy)
 OPS = tuple(_OPS)
-BACKEND = Backend(name=NAME, ops=_OPS, probe=_probe, array_kinds=("cupy", "torch-cuda", "numpy"),
+BACKEND = Backend(name=NAME, ops=_OPS, probe=_probe, array_kinds=("cupy", "torch-cuda", "numpy", "torch-cpu"),
                   dtypes=("bfloat16", "float16", "float32"), device_only=True,
                   supports={op: ops.supports_for(op) for op in _OPS}, info=info, faults=("launch", "oom"))
 

@@ -151,7 +151,7 @@ def build_all(force: bool = False) -> list[dict]:
 
 
 _OPS = ops_from(vars(ops))
-BACKEND = Backend(name=NAME, ops=_OPS, probe=_probe, array_kinds=("numpy", "pyopencl"),
+BACKEND = Backend(name=NAME, ops=_OPS, probe=_probe, array_kinds=("numpy", "torch-cpu", "pyopencl"),
                   dtypes=("float16", "float32"), device_only=True,
                   supports={op: ops.supports_for(op) for op in _OPS}, info=info,
                   faults=("build", "device_lost", "oom"))
