@@ -39,7 +39,7 @@ template <int G>
 inline void act_df(V x, V& f, V& df) {
     const V one = vset(1.0f);
     if (G == GLU_SWIGLU) {
-        const V s = one / (one + vexp2_fast(x * vset(-1.44269504088896341f)));
+        const V s = one / (one + vexp_neg_fast(x));
         f = x * s;
         df = vfma(f, one - s, s);
     } else if (G == GLU_GEGLU_ERF) {
@@ -48,7 +48,7 @@ inline void act_df(V x, V& f, V& df) {
         df = vfma(x, vset(INV_SQRT_2PI) * vexp(vset(-0.5f) * x * x), phi);
     } else {
         const V x2 = x * x;
-        const V v = x * vfma(x2, vset(-0.10294323958002349f), vset(-2.3022081981443252f));
+        const V v = vgelu_tanh_arg(x, x2);
         const V s = one / (one + vexp2_fast(v));
         f = x * s;
         const V du = vset(GELU_K0) * vfma(vset(3.0f * GELU_K1), x2, one);

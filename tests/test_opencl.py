@@ -263,7 +263,7 @@ def test_get_opencl_info(cl_ok):
     info = ocl.get_opencl_info()
     assert info["available"] is True
     assert info["platforms"] and info["platforms"][0]["devices"]
-    assert info["array_kinds"] == ["numpy", "pyopencl"] and info["device_only"] is True
+    assert info["array_kinds"] == ["numpy", "torch-cpu", "pyopencl"] and info["device_only"] is True
     assert info["ops"] == sorted(ocl.BACKEND.ops) and info["module"] == "tensor_ops.backends.opencl"
     ch = info["chosen"]
     assert ch["name"] and ch["local_size"] >= 1 and "cl_khr_fp16" in ch
