@@ -81,6 +81,17 @@ struct KernelTable {
                             bool nt);
     // g, p, momentum buffer of one dtype; in place.
     void (*sgd[DT_COUNT])(const void* g, void* p, void* buf, int64_t n, const SgdParams* a);
+    // Autograd kernels (backward.cpp). Row-strided gated forms (strides in elements): the
+    // two-operand layout of Hugging Face MLPs (gate and up projections in separate arrays)
+    // and the facade's [a | b] halves (b = a + h, both strides 2h) are the same kernel.
+    // glu2: y = act(a) * b; glu2_bwd: da = dy * b * act'(a), db = dy * act(a).
+    void (*glu2[DT_COUNT][GLU_COUNT])(const void* a, const void* b, void* y, int64_t rows, int64_t h, int64_t sa,
+                                      int64_t sb, int64_t sy, bool nt);
+    void (*glu2_bwd[DT_COUNT][GLU_COUNT])(const void* dy, const void* a, const void* b, void* da, void* db,
+                                          int64_t rows, int64_t h, int64_t sdy, int64_t sa, int64_t sb, int64_t sda,
+                                          int64_t sdb, bool nt);
+    // dx = dy * gelu'(x), exact (erf) GELU, flat.
+    void (*gelu_erf_bwd[DT_COUNT])(const void* dy, const void* x, void* dx, int64_t count, bool nt);
     // dst[0, n) = src[0, n) (bytes) with non-temporal stores where the ISA has them, then a
     // store fence (common.cpp). Any alignment; the ranges must not overlap.
     void (*stream_copy)(const void* src, void* dst, int64_t nbytes);
@@ -90,5 +101,6 @@ struct KernelTable {
 const KernelTable* table_scalar();
 const KernelTable* table_avx2();
 const KernelTable* table_avx512();
+const KernelTable* table_avx512bf16();
 
 }  // namespace to

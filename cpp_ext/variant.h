@@ -15,6 +15,7 @@ void fill_rope(KernelTable& t);
 void fill_optim(KernelTable& t);
 void fill_common(KernelTable& t);
 void fill_tex_train(KernelTable& t);
+void fill_backward(KernelTable& t);
 
 namespace {
 

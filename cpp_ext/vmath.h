@@ -74,7 +74,9 @@ inline V vexp2_fast(V v) {
 // correct -0 limit, and silu(-Inf) = -Inf/Inf = NaN matches the float64 formula. (A
 // division-free form, 1/(1+e^-|x|) by reciprocal estimate + Newton step, was measured
 // 40% slower: the exp's instruction count, not the divider, bounds this kernel.)
-inline V vsilu(V x) { return x / (vset(1.0f) + vexp2_fast(x * vset(-1.44269504088896341f))); }
+// e^(-x) by vexp2_fast: silu's forward and swiglu's backward (backward.cpp) share it.
+inline V vexp_neg_fast(V x) { return vexp2_fast(x * vset(-1.44269504088896341f)); }
+inline V vsilu(V x) { return x / (vset(1.0f) + vexp_neg_fast(x)); }
 
 // erf(x): rational minimax approximation x*P(x^2)/Q(x^2) on [-4, 4] (the one Eigen and
 // XLA use for fp32; a few ulp); |x| > 4 clamps, where erf is +-1 to fp32 precision.
@@ -108,10 +110,14 @@ inline V vgelu_erf(V x) {
 // 0.5*(1 + tanh(u)) = 1/(1 + e^(-2u)) turns it into x / (1 + e^(-2u)): one exponential and
 // one division, no tanh polynomial, and none of the cancellation tanh(u) -> -1 would cause
 // in 1 + tanh(u) for negative x (the error stays at the exponential's, see vexp2_fast).
+// -2u * log2(e) = x * (c1 + c2 x^2), the argument of vexp2_fast: the constants folded once
+// here (the forward below and the backward in backward.cpp both call it; x2 = x*x).
+inline V vgelu_tanh_arg(V x, V x2) {
+    return x * vfma(x2, vset(-0.10294323958002349f), vset(-2.3022081981443252f));
+}
+
 inline V vgelu_tanh(V x) {
-    // -2u * log2(e) = x * (c1 + c2 x^2): the constants folded for vexp2_fast
-    V v = x * vfma(x * x, vset(-0.10294323958002349f), vset(-2.3022081981443252f));
-    return x / (vset(1.0f) + vexp2_fast(v));
+    return x / (vset(1.0f) + vexp2_fast(vgelu_tanh_arg(x, x * x)));
 }
 
 // tanh(x) by the same route, for callers that need tanh itself:

@@ -35,7 +35,9 @@
 # * weight/bias/gamma have the dtype of x. The GIL is released inside every kernel;
 #   calls above 128 KiB of traffic run on set_num_threads() OpenMP threads.
 # * Kernel variants: "scalar" (portable), "avx2" (AVX2+FMA+F16C), "avx512"
-#   (F/BW/DQ/VL), chosen at import by CPUID; TENSOR_OPS_MAX_ISA=scalar|avx2|avx512 caps
+#   (F/BW/DQ/VL), "avx512bf16" (avx512 + AVX512_BF16: bfloat16 stores by vcvtneps2bf16,
+#   which flushes denormal bfloat16 results to zero), chosen at import by CPUID;
+#   TENSOR_OPS_MAX_ISA=scalar|avx2|avx512|avx512bf16 caps
 #   the choice (an unknown value makes the import fail with ValueError).
 # * Accuracy (fp32 math, tests/test_cpp.py): exp <= 4 ulp over the fp32 range (including
 #   denormal results), erf-GELU <= 10 eps absolute, tanh-GELU via x/(1+e^(-2u)).
@@ -48,7 +50,7 @@ import numpy as np
 _Arr = np.ndarray
 _BF16 = Optional[Literal["bfloat16"]]
 
-ISA: str  # the selected variant: "scalar", "avx2" or "avx512"
+ISA: str  # the selected variant: "scalar", "avx2", "avx512" or "avx512bf16"
 
 # ---- facade ops (signatures = the backend contract in CONTRIBUTING.md) ----------------
 def rms_norm(x: _Arr, weight: _Arr, eps: float, out: Optional[_Arr] = None, *,
@@ -85,6 +87,19 @@ def layer_norm_bwd(dz: _Arr, x: _Arr, mu: _Arr, rsigma: _Arr, gamma: _Arr, dx: O
                    dgamma: Optional[_Arr] = None, dbeta: Optional[_Arr] = None,
                    zero_centered_gamma: bool = False, *, dtype: _BF16 = None) -> tuple[_Arr, _Arr, _Arr]:
     """Returns (dx, dgamma, dbeta), fp32 accumulation of dgamma/dbeta across rows."""
+# ---- autograd kernels (bind_autograd.cpp, backward.cpp; used by tensor_ops.torch) -------
+_Act = Literal["silu", "gelu", "gelu_tanh"]
+
+def glu2(a: _Arr, b: _Arr, out: Optional[_Arr] = None, *, act: _Act = "silu", dtype: _BF16 = None) -> _Arr:
+    """out = act(a) * b (a, b, out of one shape; act 'gelu' is the exact erf form)."""
+def glu2_bwd(dy: _Arr, a: _Arr, b: _Arr, da: Optional[_Arr] = None, db: Optional[_Arr] = None, *,
+             act: _Act = "silu", dtype: _BF16 = None) -> tuple[_Arr, _Arr]:
+    """(da, db) = (dy * b * act'(a), dy * act(a))."""
+def glu_bwd(dy: _Arr, x: _Arr, dx: Optional[_Arr] = None, *, act: _Act = "silu", dtype: _BF16 = None) -> _Arr:
+    """dx of act(x[..., :h]) * x[..., h:] (dy has x's shape with the last axis halved)."""
+def gelu_erf_bwd(dy: _Arr, x: _Arr, out: Optional[_Arr] = None, *, dtype: _BF16 = None) -> _Arr:
+    """out = dy * gelu'(x), exact (erf) GELU."""
+
 def adam_step(g: _Arr, p: _Arr, m: _Arr, v: _Arr, lr: float, beta1: float, beta2: float, eps: float,
               bc1: float, bc2: float, mode: int, weight_decay: float, master: Optional[_Arr] = None, *,
               dtype: _BF16 = None) -> None:
@@ -171,6 +186,9 @@ def _fast_relu(x: _Arr, /) -> Optional[_Arr]: ...
 def _fast_gelu(x: _Arr, approximate: str, /) -> Optional[_Arr]: ...
 def _fast_swiglu(x: _Arr, /) -> Optional[_Arr]: ...
 def _fast_geglu(x: _Arr, approximate: str, /) -> Optional[_Arr]: ...
+def _set_torch(tensor: type, float32: object, float16: object, bfloat16: object, from_numpy: object,
+               numpy_bfloat16: object = None) -> None:
+    """Let the _fast_* entries take torch CPU tensors (views in, torch.from_numpy out)."""
 def _fast_calls() -> dict[str, int]:
     """Calls each entry served (get_backend_info() adds them to default.cpp's counts)."""
 def _exp(x: _Arr, out: Optional[_Arr] = None, *, dtype: _BF16 = None) -> _Arr:

@@ -688,7 +688,7 @@ def test_bad_max_isa_is_reported():
     assert r.stdout.startswith("False") and "TENSOR_OPS_MAX_ISA" in r.stdout
 
 
-@pytest.mark.parametrize("isa", ["scalar", "avx2", "avx512"])
+@pytest.mark.parametrize("isa", ["scalar", "avx2", "avx512", "avx512bf16"])
 def test_isa_variant_in_subprocess(C, isa):
     """Run this file's kernel tests with the ISA capped (each variant must be exact)."""
     info = C.build_info()
@@ -698,6 +698,8 @@ def test_isa_variant_in_subprocess(C, isa):
         pytest.skip("this CPU has no AVX2+FMA+F16C")
     if isa == "avx512" and not info["cpu_supports"]["avx512_f_bw_dq_vl"]:
         pytest.skip("this CPU has no AVX-512 F/BW/DQ/VL")
+    if isa == "avx512bf16" and not info["cpu_supports"]["avx512_bf16"]:
+        pytest.skip("this CPU has no AVX512_BF16")
     if os.environ.get("TENSOR_OPS_EXPECT_ISA"):
         pytest.skip("already inside an ISA subprocess")
     env = dict(os.environ, TENSOR_OPS_MAX_ISA=isa, TENSOR_OPS_EXPECT_ISA=isa)
