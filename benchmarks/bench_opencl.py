@@ -32,10 +32,10 @@ GOAL_VS_CPP = 0.6
 def _warm_load(cache: str) -> dict:
     """A fresh process with a warm binary cache: state creation and first-call times."""
     code = ("import time, json, numpy as np; t0 = time.perf_counter(); "
-            "from tensor_ops.backends import opencl as m; st = m._state(); t1 = time.perf_counter(); "
+            "from tensor_ops.backends import opencl as m; st = m.device.get(); t1 = time.perf_counter(); "
             "m.rms_norm(np.ones((1, 4096), np.float32), np.ones(4096, np.float32), 1e-6, None); "
             "t2 = time.perf_counter(); print(json.dumps({'load_ms': st.load_ms, "
-            "'state_ms': (t1 - t0) * 1e3, 'first_call_ms': (t2 - t1) * 1e3, **m._STATS}))")
+            "'state_ms': (t1 - t0) * 1e3, 'first_call_ms': (t2 - t1) * 1e3, **m.state.STATS}))")
     env = dict(os.environ, TENSOR_OPS_OPENCL_CACHE=cache)
     out = []
     for _ in range(2):   # the first run may build (cold cache); the second is the warm figure
@@ -58,13 +58,13 @@ def _extras(rows: int, n: int, dt) -> list[dict]:
 
     def mode(m):
         def run():
-            ocl._HOST_MODE = m
+            ocl.set_host_mode(m)
             ocl.rms_norm(x, w, 1e-6, out)
         return run
     try:
         t = _bench.time_rounds({"hostptr": mode("hostptr"), "copy": mode("copy")}, 0, 3)
     finally:
-        ocl._HOST_MODE = None
+        ocl.set_host_mode(None)
     res = [{"kind": "mode", "op": "rms_norm", **{f"{k}_ms": float(np.median(v.times)) * 1e3 for k, v in t.items()}}]
     xs = rng.standard_normal((1, 4096)).astype(np.float32)
     ws, os_ = np.ones(4096, np.float32), np.empty((1, 4096), np.float32)

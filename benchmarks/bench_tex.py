@@ -5,6 +5,7 @@ the one benchmark engine (``tensor_ops/_bench.py``: its timer, statistic and cei
     python benchmarks/bench_tex.py --quick        # smaller sizes (smoke test)
     python benchmarks/bench_tex.py --json out.json
     python benchmarks/bench_tex.py --stat min     # show best times instead of medians
+    python benchmarks/bench_tex.py --kernels      # the training kernels (tex_train.cpp), 8192x4096 fp32 + bf16
 
 The rows of one measurement run in interleaved rounds with the ceiling (a streaming-store
 copy of the op's own input pages moving the op's bytes; memcpy, labelled, without
@@ -95,12 +96,93 @@ def bench_adam(total, ntensors, repeat):
             "ceiling_GBps": st["ceiling"]["gbps"], "fraction_of_ceiling": st["cpp"]["x_ceiling"], "ceiling": label}
 
 
+def _train_cases(rows, cols, dtype):
+    """(op, fn(backend) -> callable, bytes it must move, source arrays for the ceiling) per training kernel."""
+    g = torch.Generator().manual_seed(0)
+    es = torch.tensor([], dtype=dtype).element_size()
+    n = rows * cols
+    x = torch.randn(rows, cols, generator=g).to(dtype)
+    dy = torch.randn(rows, cols, generator=g).to(dtype)
+    dyh = torch.randn(rows, cols // 2, generator=g).to(dtype)
+    cases = []
+    def d_call(fn, grad):
+        return lambda: (lambda: fn(grad, x, None))
+    for op in ("dgelu", "dsilu", "drelu", "dqgelu", "dsrelu", "dbias_dgelu"):
+        cases.append((op, d_call(getattr(tex, op), dy), 3 * n * es, [dy, x]))
+    for op in ("dswiglu", "dgeglu"):
+        cases.append((op, d_call(getattr(tex, op), dyh), 5 * n * es // 2, [dyh, x]))
+    x4 = x.view(1, 16, rows // 16, cols)
+    mask = (torch.rand(1, 1, rows // 16, cols, generator=g) < 0.2).to(torch.uint8)
+    y4 = torch.softmax(x4.float(), -1).to(dtype)
+    dy4 = dy.view_as(x4)
+    cases.append(("scaled_softmax_forward", lambda: (lambda: tex.scaled_softmax_forward(x4, 0.125)), 2 * n * es, [x]))
+    cases.append(("scaled_masked_softmax_forward", lambda: (lambda: tex.scaled_masked_softmax_forward(x4, mask, 0.125)),
+                  2 * n * es + mask.numel(), [x]))
+    sq = int(n ** 0.5) if int(n ** 0.5) ** 2 == n else cols
+    xc = x.view(-1, sq, sq) if n % (sq * sq) == 0 else x.view(-1, cols, cols)
+    tri = xc.shape[1] * (xc.shape[1] + 1) // 2 * xc.shape[0]   # causal: the lower triangle is read, all written
+    cases.append(("scaled_upper_triang_masked_softmax_forward",
+                  lambda: (lambda: tex.scaled_upper_triang_masked_softmax_forward(xc, 0.125)), (tri + n) * es, [x]))
+    cases.append(("scaled_softmax_backward", lambda: (lambda: tex.scaled_softmax_backward(dy4, y4, 0.125)),
+                  3 * n * es, [dy, y4]))
+    d, h = 128, max(1, cols // 128)
+    s = rows
+    xr = x.view(s, 1, h, d)
+    freqs = torch.randn(s, 1, 1, d, generator=g)
+    fmt = tex.NVTE_QKV_Format.NVTE_SBHD
+    tables = 2 * s * d * 4
+    cases.append(("fused_rope_forward",
+                  lambda: (lambda: tex.fused_rope_forward(xr, freqs, None, fmt, False, None, 1, 0)),
+                  2 * n * es + tables, [x]))
+    cases.append(("fused_rope_backward",
+                  lambda: (lambda: tex.fused_rope_backward(xr, freqs, None, fmt, False, None, 1, 0)),
+                  2 * n * es + tables, [x]))
+    p, buf, gr = x.reshape(-1).clone(), torch.zeros(n, dtype=dtype), dy.reshape(-1)
+    noop = torch.zeros(1, dtype=torch.int32)
+    cases.append(("multi_tensor_sgd", lambda: (lambda: tex.multi_tensor_sgd(
+        65536, noop, [[gr], [p], [buf]], 0.01, 0.9, 0.0, 1e-3, False, False, False, 1.0)), 5 * n * es, [p, buf]))
+    return cases
+
+
+def bench_train_kernels(rows, cols, dtype, repeat, with_reference=True):
+    """Every training kernel through its tex function on default.cpp, against the ceiling copy moving
+    the bytes the op must move, in interleaved rounds (and reference.torch in the same rounds)."""
+    out = []
+    for op, make, moved, srcs in _train_cases(rows, cols, dtype):
+        fn = make()
+
+        def forced(backend, fn=fn):
+            def run():
+                with tex.use_backend(backend):
+                    fn()
+            return run
+        fns = {"cpp": forced("cpp")}
+        if with_reference:
+            fns["torch"] = forced("torch")
+        st, label = _measure(fns, srcs, moved, repeat)
+        info = tensor_ops.get_manager().op_info()[op]["calls"]
+        assert info.get("default.cpp"), f"cpp adapter did not run for {op}: {info}"
+        r = {"op": op, "shape": [rows, cols], "dtype": str(dtype).replace("torch.", ""), "moved_MB": moved / 2 ** 20,
+             "cpp_ms": st["cpp"][STAT] * 1e3, "cpp_GBps": moved / st["cpp"][STAT] / 1e9,
+             "ceiling_GBps": st["ceiling"]["gbps"], "cpp_x_ceiling": st["cpp"]["x_ceiling"], "ceiling": label}
+        if with_reference:
+            r.update(reference_torch_ms=st["torch"][STAT] * 1e3, speedup_vs_reference=st["cpp"]["vs"]["torch"])
+        out.append(r)
+        print(json.dumps({k: (round(v, 3) if isinstance(v, float) else v) for k, v in r.items() if k != "ceiling"}),
+              flush=True)
+    return out
+
+
 def main(argv=None) -> int:
     global STAT
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="small sizes (seconds)")
     ap.add_argument("--repeat", type=int, default=None, help="interleaved rounds (default 10; quick 5)")
     ap.add_argument("--json", default=None, help="also write the results here")
+    ap.add_argument("--kernels", action="store_true",
+                    help="the training kernels (d-activations, softmax family, fused RoPE, SGD) vs the ceiling")
+    ap.add_argument("--dtypes", default="float32,bfloat16", help="with --kernels: the dtypes")
+    ap.add_argument("--no-reference", action="store_true", help="with --kernels: leave reference.torch out")
     ap.add_argument("--stat", choices=("median", "min"), default="median",
                     help="time shown: median or best of the rounds (ratios are always medians of per-round ratios)")
     a = ap.parse_args(argv)
@@ -115,10 +197,15 @@ def main(argv=None) -> int:
         cpp_info = {"available": False, "reason": str(exc)}
     print(f"torch {torch.__version__}, torch threads={threads}, cpp: isa={cpp_info.get('selected_isa')} "
           f"threads={cpp_info.get('num_threads')}, statistic={a.stat}")
-    results = [bench_rmsnorm(rows, cols, torch.float32, repeat), bench_rmsnorm(rows, cols, torch.bfloat16, repeat),
-               bench_adam(total, 100, max(3, repeat // 2))]
-    for r in results:
-        print(json.dumps({k: (round(v, 3) if isinstance(v, float) else v) for k, v in r.items()}))
+    if a.kernels:
+        results = []
+        for name in a.dtypes.split(","):
+            results += bench_train_kernels(rows, cols, getattr(torch, name.strip()), repeat, not a.no_reference)
+    else:
+        results = [bench_rmsnorm(rows, cols, torch.float32, repeat),
+                   bench_rmsnorm(rows, cols, torch.bfloat16, repeat), bench_adam(total, 100, max(3, repeat // 2))]
+        for r in results:
+            print(json.dumps({k: (round(v, 3) if isinstance(v, float) else v) for k, v in r.items()}))
     if a.json:
         with open(a.json, "w") as f:
             json.dump({"torch_threads": threads, "statistic": a.stat, "cpp": cpp_info, "results": results}, f,

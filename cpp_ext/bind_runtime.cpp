@@ -30,6 +30,7 @@ py::dict build_info() {
     py::dict cpu;
     cpu["avx2_fma_f16c"] = cpu_avx2();
     cpu["avx512_f_bw_dq_vl"] = cpu_avx512();
+    cpu["avx512_bf16"] = cpu_avx512bf16();
     d["cpu_supports"] = cpu;
     d["isa_note"] = g_isa_note;
 #if defined(_OPENMP)
@@ -61,6 +62,7 @@ py::dict build_info() {
     fl["scalar"] = bf.scalar;
     fl["avx2"] = bf.avx2;
     fl["avx512"] = bf.avx512;
+    fl["avx512bf16"] = bf.avx512bf16;
     d["flags"] = fl;
     return d;
 }

@@ -3,6 +3,7 @@
 // (tensor_ops/tex/_cpp_adapters.py) call them with NumPy views of torch tensors.
 #include <pybind11/pybind11.h>
 
+#include <cmath>
 #include <cstring>
 #include <memory>
 
@@ -66,8 +67,8 @@ py::tuple norm_bwd(bool layer, const py::object& dz_, const py::object& x_, cons
     return py::make_tuple(rdx, rdg);
 }
 
-void adam_step(const py::object& g_, const py::object& p_, const py::object& m_, const py::object& v_, float lr,
-               float beta1, float beta2, float eps, float bc1, float bc2, int mode, float wd,
+void adam_step(const py::object& g_, const py::object& p_, const py::object& m_, const py::object& v_, double lr,
+               float beta1, float beta2, float eps, double bc1, double bc2, int mode, double wd,
                const py::object& master_, const py::object& dtype) {
     const bool bf = parse_bf16(dtype);
     Arr g = get(g_, "g", bf), p = get(p_, "p", bf, -1, true), m = get_f32(m_, "m", true), v = get_f32(v_, "v", true);
@@ -82,12 +83,10 @@ void adam_step(const py::object& g_, const py::object& p_, const py::object& m_,
         Arr ms = get_f32(master_, "master", true);
         if (ms.size != n) shape_error("master must have " + std::to_string(n) + " elements, got " + std::to_string(ms.size));
         master = (float*)ms.data;
-    } else if (p.dt != DT_F32) {
-        throw py::type_error(std::string("p has dtype ") + DT_NAME[p.dt] +
-                             "; without master= the parameters must be float32 (pass master= for 16-bit params)");
-    }
+    }  // without master, 16-bit p is read and written in its own precision (TE's FusedAdam, bf16 model)
     if (n == 0) return;
-    AdamParams a{lr, beta1, beta2, eps, bc1, bc2, wd, mode};
+    AdamParams a{(float)lr, beta1, beta2, eps, (float)bc1, (float)bc2, (float)wd, mode,
+                 (float)(lr / bc1), (float)std::sqrt(bc2), (float)(1.0 - lr * wd)};
     auto k = g_k->adam[g.dt][p.dt];
     const int eg = ELSIZE[g.dt], ep = ELSIZE[p.dt];
     const int64_t bytes = n * (eg + ep + 16 + (master ? 8 : 0));

@@ -5,8 +5,13 @@
 //                     swiglu, geglu, rope; _exp/_tanh test hooks)
 //   bind_tex.cpp      the tex kernels (rms_norm_bwd, layer_norm_bwd, adam_step, scale,
 //                     l2norm_sq)
+//   bind_tex_train.cpp the tex training kernels (d-activations, TE's softmax fwd/bwd, fused
+//                     RoPE over tokens, sgd_step)
+//   bind_autograd.cpp the autograd kernels of tensor_ops.torch (glu2, glu2_bwd, glu_bwd,
+//                     gelu_erf_bwd; backward.cpp)
 //   bind_runtime.cpp  threads, tuning hooks, build_info, the output cache, stream_copy
 //   fast_entry.cpp    the facade's plain-call METH_FASTCALL entries (_fast_*)
+//   torch_entry.cpp   those entries on torch CPU tensors (_set_torch)
 //   checks.cpp/.h     array checks at the boundary; alloc.cpp/.h fresh outputs;
 //   runtime.cpp/.h    ISA choice, threads, fork safety, environment (no pybind11)
 #pragma once
@@ -30,7 +35,16 @@ py::object glu(int g, const py::object& x, const py::object& out, const py::obje
 
 void register_facade(py::module_& m);
 void register_tex(py::module_& m);
+void register_tex_train(py::module_& m);
+void register_autograd(py::module_& m);
 void register_runtime(py::module_& m);
 void register_fast(py::module_& m);
+void register_torch(py::module_& m);
+
+// torch_entry.cpp: torch CPU tensors on the plain-call entries (no libtorch linked).
+using FastEntry = PyObject* (*)(PyObject*, PyObject* const*, Py_ssize_t);
+extern PyTypeObject* g_torch_tensor;  // torch.Tensor once _set_torch ran, else nullptr
+// The entry f on NumPy views of the tensor arguments, its result as a tensor; None to decline.
+PyObject* torch_fast(FastEntry f, PyObject* self, PyObject* const* a, Py_ssize_t na);
 
 }  // namespace to

@@ -3,6 +3,9 @@
 
 namespace to {
 
+int g_bf16_type_num = -1;
+PyObject* g_bf16_descr = nullptr;
+
 bool parse_bf16(const py::object& dtype) {
     if (dtype.is_none()) return false;
     if (py::isinstance<py::str>(dtype)) {
@@ -27,7 +30,14 @@ Arr get(const py::handle& h, const char* name, bool bf16, int want_dt, bool writ
     else if (bf16 && (num == NPY_SHORT_ || num == NPY_USHORT_)) dt = DT_BF16;
     else {
         py::dtype d = py::reinterpret_borrow<py::dtype>(p->descr);
-        if (d.itemsize() == 2 && py::str(d).cast<std::string>() == "bfloat16") dt = DT_BF16;  // ml_dtypes
+        if (d.itemsize() == 2 && py::str(d).cast<std::string>() == "bfloat16") {  // ml_dtypes
+            dt = DT_BF16;
+            if (!g_bf16_descr) {
+                Py_INCREF(p->descr);
+                g_bf16_descr = p->descr;
+                g_bf16_type_num = num;
+            }
+        }
     }
     if (dt < 0 || (want_dt >= 0 && dt != want_dt)) {
         std::string got = py::str(py::reinterpret_borrow<py::object>(p->descr)).cast<std::string>();

@@ -33,6 +33,11 @@ struct Arr {
 
 inline py::detail::PyArray_Proxy* proxy(PyObject* o) { return py::detail::array_proxy(o); }
 
+// NumPy's type number of ml_dtypes' bfloat16 (a user dtype, numbered at registration), or
+// -1 until get() has seen one: the plain-call entries compare it instead of the dtype's name.
+extern int g_bf16_type_num;
+extern PyObject* g_bf16_descr;  // that dtype (a reference kept for the process), or nullptr
+
 // dtype= of a call: None (float32/float16 arrays) or "bfloat16" (int16/uint16 arrays hold
 // bfloat16 bits); anything else is a ValueError.
 bool parse_bf16(const py::object& dtype);

@@ -3,7 +3,7 @@
 // tensor_ops/_facade.py calls these for a plain call (no out=, no backend=, no override) once
 // the resolver has chosen default.cpp for the op. They take only what needs no
 // normalisation: exactly numpy.ndarray, >= 1 dim, non-empty, C-contiguous, aligned, native
-// float32/float16, weights of the same dtype and length, a finite float eps >= 0. Anything
+// float32/float16 (or ml_dtypes bfloat16 once the module has seen that dtype), weights of the same dtype and length, a finite float eps >= 0. Anything
 // else returns None and the facade's general path gives the same result or its error, so
 // there is one set of checks and messages. Why they exist: the facade's Python checks and
 // the manager's dispatch added ~1.4 us to a (1, 4096) rms_norm that costs ~0.9 us through
@@ -27,7 +27,9 @@ int plain_dt(PyObject* o) {
     auto* p = proxy(o);
     if (p->nd < 1 || (p->flags & (F_C | F_ALIGNED)) != (F_C | F_ALIGNED)) return -1;
     auto* d = py::detail::array_descriptor_proxy(p->descr);
-    const int dt = d->type_num == NPY_FLOAT_ ? DT_F32 : d->type_num == NPY_HALF_ ? DT_F16 : -1;
+    const int num = d->type_num;
+    const int dt = num == NPY_FLOAT_ ? DT_F32 : num == NPY_HALF_ ? DT_F16
+                 : (num == g_bf16_type_num && num >= 0) ? DT_BF16 : -1;
 #if defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_BIG_ENDIAN__
     if (d->byteorder == '<') return -1;
 #else
@@ -127,7 +129,14 @@ PyObject* fast_geglu(PyObject*, PyObject* const* a, Py_ssize_t na) {
     return fast_call(FO_GEGLU, [&] { return glu(ap ? GLU_GEGLU_TANH : GLU_GEGLU_ERF, B(a[0]), none, none); });
 }
 
-#define TO_FASTCALL(f) reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)(void)>(f))
+// Every entry first hands torch tensors to torch_entry.cpp (views in, a tensor out).
+template <PyObject* (*F)(PyObject*, PyObject* const*, Py_ssize_t)>
+PyObject* entry(PyObject* self, PyObject* const* a, Py_ssize_t na) {
+    if (na > 0 && g_torch_tensor && Py_TYPE(a[0]) == g_torch_tensor) return torch_fast(F, self, a, na);
+    return F(self, a, na);
+}
+
+#define TO_FASTCALL(f) reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)(void)>(&entry<f>))
 // "name(args, /)\n--\n\n" is CPython's __text_signature__ form: inspect.signature() (and so
 // mypy.stubtest) sees the positional-only parameters; __doc__ keeps "(args) -> y or None".
 #define TO_DOC(name, args) name "(" args ", /)\n--\n\n(" args ") -> y or None"

@@ -15,9 +15,22 @@ enum Dt : int { DT_F32 = 0, DT_F16 = 1, DT_BF16 = 2, DT_COUNT = 3 };
 enum Unary : int { UN_SILU = 0, UN_RELU = 1, UN_GELU_ERF = 2, UN_GELU_TANH = 3, UN_EXP = 4, UN_TANH = 5, UN_COUNT = 6 };
 enum Glu : int { GLU_SWIGLU = 0, GLU_GEGLU_ERF = 1, GLU_GEGLU_TANH = 2, GLU_COUNT = 3 };
 
+// The derivative kernels' activations (tex_train.cpp): plain ones and the gate of a GLU.
+enum DAct : int { DA_GELU_TANH = 0, DA_SILU = 1, DA_QGELU = 2, DA_RELU = 3, DA_SRELU = 4, DA_SIGMOID = 5, DA_COUNT = 6 };
+// TE's scaled softmax: plain, uint8 mask (masked logits -> -10000), causal (columns > limit excluded)
+enum SoftmaxMode : int { SM_PLAIN = 0, SM_MASK = 1, SM_CAUSAL = 2 };
+
+struct SgdParams {
+    float wd, momentum, dampening, lr, scale;
+    bool nesterov, first_run, wd_after;
+};
+
 struct AdamParams {
     float lr, beta1, beta2, eps, bc1, bc2, weight_decay;
     int mode;  // 0: L2 (g += wd*p), 1: AdamW (decoupled)
+    // derived in double by the binding, rounded once (as torch.optim's scalars are):
+    // lr / bc1, sqrt(bc2), 1 - lr*weight_decay
+    float step_size, bc2_sqrt, decay;
 };
 
 struct KernelTable {
@@ -60,6 +73,35 @@ struct KernelTable {
     double (*sumsq[DT_COUNT])(const void* x, int64_t n);
     void (*from_f32[DT_COUNT])(const float* in, void* out, int64_t n);
     void (*to_f32[DT_COUNT])(const void* in, float* out, int64_t n);
+    // tex training kernels (tex_train.cpp). dact: y = g*act'(x) over rows x n; acc (fp32 [n],
+    // may be null) gets the column sums of y added. dglu: x (rows, 2h), g (rows, h) -> y (rows, 2h).
+    void (*dact[DT_COUNT][DA_COUNT])(const void* g, const void* x, void* y, int64_t rows, int64_t n, float* acc,
+                                     bool nt);
+    void (*dglu[DT_COUNT][DA_COUNT])(const void* g, const void* x, void* y, int64_t rows, int64_t h, bool nt);
+    // rows of n (= sk) of x viewed (batches*heads*sq, sk); row0 = global index of the first row;
+    // mask uint8 [mask_batches, sq, sk] (SM_MASK); causal: column limit (row % sq) + causal_off.
+    void (*tsoftmax[DT_COUNT])(const void* x, void* y, int64_t rows, int64_t n, float scale, int mode,
+                               const uint8_t* mask, int64_t mask_batches, int64_t heads, int64_t row0, int64_t sq,
+                               int64_t causal_off, float* scratch, bool nt);
+    void (*tsoftmax_bwd[DT_COUNT])(const void* dy, const void* y, void* dx, int64_t rows, int64_t n, float scale,
+                                   bool nt);
+    // x, y (tokens, heads, d); tokens [t0, t1); cos/sin (P, d2) fp32; pos[t] in [0, P).
+    void (*trope[DT_COUNT])(const void* x, const float* cos, const float* sin, const int64_t* pos, void* y, int64_t t0,
+                            int64_t t1, int64_t heads, int64_t d, int64_t d2, bool interleaved, bool transpose,
+                            bool nt);
+    // g, p, momentum buffer of one dtype; in place.
+    void (*sgd[DT_COUNT])(const void* g, void* p, void* buf, int64_t n, const SgdParams* a);
+    // Autograd kernels (backward.cpp). Row-strided gated forms (strides in elements): the
+    // two-operand layout of Hugging Face MLPs (gate and up projections in separate arrays)
+    // and the facade's [a | b] halves (b = a + h, both strides 2h) are the same kernel.
+    // glu2: y = act(a) * b; glu2_bwd: da = dy * b * act'(a), db = dy * act(a).
+    void (*glu2[DT_COUNT][GLU_COUNT])(const void* a, const void* b, void* y, int64_t rows, int64_t h, int64_t sa,
+                                      int64_t sb, int64_t sy, bool nt);
+    void (*glu2_bwd[DT_COUNT][GLU_COUNT])(const void* dy, const void* a, const void* b, void* da, void* db,
+                                          int64_t rows, int64_t h, int64_t sdy, int64_t sa, int64_t sb, int64_t sda,
+                                          int64_t sdb, bool nt);
+    // dx = dy * gelu'(x), exact (erf) GELU, flat.
+    void (*gelu_erf_bwd[DT_COUNT])(const void* dy, const void* x, void* dx, int64_t count, bool nt);
     // dst[0, n) = src[0, n) (bytes) with non-temporal stores where the ISA has them, then a
     // store fence (common.cpp). Any alignment; the ranges must not overlap.
     void (*stream_copy)(const void* src, void* dst, int64_t nbytes);
@@ -69,5 +111,6 @@ struct KernelTable {
 const KernelTable* table_scalar();
 const KernelTable* table_avx2();
 const KernelTable* table_avx512();
+const KernelTable* table_avx512bf16();
 
 }  // namespace to

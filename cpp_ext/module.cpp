@@ -17,7 +17,10 @@ PYBIND11_MODULE(_cpp, m) {
     to::init_runtime();
     to::register_facade(m);
     to::register_tex(m);
+    to::register_tex_train(m);
+    to::register_autograd(m);
     to::register_runtime(m);
     to::register_fast(m);
+    to::register_torch(m);
     m.attr("ISA") = to::g_k->isa;
 }

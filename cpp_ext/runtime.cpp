@@ -3,7 +3,7 @@
 //
 // Environment variables read by the C++ code -- all of them, here, once, at import
 // (init_runtime); a bad value makes the import fail with the message given below:
-//   TENSOR_OPS_MAX_ISA=scalar|avx2|avx512  cap the kernel variant (case-insensitive)
+//   TENSOR_OPS_MAX_ISA=scalar|avx2|avx512|avx512bf16  cap the kernel variant (case-insensitive)
 //   TENSOR_OPS_CPP_CACHE_MB=<n>            cap of the fresh-output block cache in MiB (0: off)
 //   OMP_NUM_THREADS                        read by libgomp; the default of set_num_threads()
 #include "runtime.h"
@@ -41,6 +41,9 @@
 #endif
 #ifndef TO_FLAGS_AVX512
 #define TO_FLAGS_AVX512 ""
+#endif
+#ifndef TO_FLAGS_AVX512BF16
+#define TO_FLAGS_AVX512BF16 ""
 #endif
 
 namespace to {
@@ -86,6 +89,17 @@ bool cpu_avx512() {
 #endif
 }
 
+// AVX512_BF16 (vcvtneps2bf16): CPUID leaf 7 sub-leaf 1, EAX bit 5 (read directly: older
+// compilers' __builtin_cpu_supports does not know the name).
+bool cpu_avx512bf16() {
+#ifdef TO_X86
+    unsigned a = 0, b = 0, c = 0, d = 0;
+    return cpu_avx512() && __get_cpuid_count(7, 1, &a, &b, &c, &d) && (a & (1u << 5));
+#else
+    return false;
+#endif
+}
+
 std::vector<const char*> compiled_variants() {
     std::vector<const char*> v{"scalar"};
 #ifdef TO_HAVE_AVX2
@@ -94,17 +108,24 @@ std::vector<const char*> compiled_variants() {
 #ifdef TO_HAVE_AVX512
     v.push_back("avx512");
 #endif
+#ifdef TO_HAVE_AVX512BF16
+    v.push_back("avx512bf16");
+#endif
     return v;
 }
 
-BuildFlags build_flags() { return {TO_FLAGS_COMMON, TO_FLAGS_SCALAR, TO_FLAGS_AVX2, TO_FLAGS_AVX512}; }
+BuildFlags build_flags() {
+    return {TO_FLAGS_COMMON, TO_FLAGS_SCALAR, TO_FLAGS_AVX2, TO_FLAGS_AVX512, TO_FLAGS_AVX512BF16};
+}
 
 namespace {
 
-int isa_rank(const std::string& s) { return s == "scalar" ? 0 : s == "avx2" ? 1 : s == "avx512" ? 2 : -1; }
+int isa_rank(const std::string& s) {
+    return s == "scalar" ? 0 : s == "avx2" ? 1 : s == "avx512" ? 2 : s == "avx512bf16" ? 3 : -1;
+}
 
 void select_isa() {
-    int cap = 2;
+    int cap = 3;
     const char* env = std::getenv("TENSOR_OPS_MAX_ISA");
     if (env && *env) {
         std::string s(env);
@@ -112,7 +133,7 @@ void select_isa() {
         cap = isa_rank(s);
         if (cap < 0)
             throw std::invalid_argument("TENSOR_OPS_MAX_ISA=" + std::string(env) +
-                                        " is not one of ['avx2', 'avx512', 'scalar']; unset it or pick one");
+                                        " is not one of ['avx2', 'avx512', 'avx512bf16', 'scalar']; unset it or pick one");
         g_isa_note = std::string("capped by TENSOR_OPS_MAX_ISA=") + env;
     }
     g_k = table_scalar();
@@ -121,6 +142,9 @@ void select_isa() {
 #endif
 #ifdef TO_HAVE_AVX512
     if (cap >= 2 && cpu_avx512()) g_k = table_avx512();
+#endif
+#ifdef TO_HAVE_AVX512BF16
+    if (cap >= 3 && cpu_avx512bf16()) g_k = table_avx512bf16();
 #endif
 }
 

@@ -42,9 +42,10 @@ void init_runtime();
 
 bool cpu_avx2();
 bool cpu_avx512();
+bool cpu_avx512bf16();
 std::vector<const char*> compiled_variants();  // "scalar" first, then what was built
 struct BuildFlags {
-    const char *common, *scalar, *avx2, *avx512;
+    const char *common, *scalar, *avx2, *avx512, *avx512bf16;
 };
 BuildFlags build_flags();  // the compiler flags of the build (build_info()["flags"])
 // Sets the thread count and returns the one in force (1 in a child forked after OpenMP

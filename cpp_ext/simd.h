@@ -5,6 +5,7 @@
 //   0 scalar  portable C++ (baseline x86-64 / any CPU), vector width 1
 //   1 avx2    -mavx2 -mfma -mf16c, 8 fp32 lanes
 //   2 avx512  -mavx512f/bw/dq/vl (+avx2/fma/f16c), 16 fp32 lanes
+//   3 avx512bf16  the avx512 code + -mavx512bf16: bfloat16 stores by vcvtneps2bf16
 // The code of a variant lives in namespace to::TO_NS and its helpers in an anonymous
 // namespace, so no inline function compiled with AVX-512 flags can be merged by the
 // linker into the scalar variant (the usual ODR trap of per-file ISA flags). For the same
@@ -19,7 +20,17 @@
 #error "TO_ISA must be defined (0 scalar, 1 avx2, 2 avx512)"
 #endif
 
-#if TO_ISA == 0
+#if TO_ISA == 3
+// avx512bf16: the AVX-512 variant (every `TO_ISA == 2` path below applies) whose bfloat16
+// stores use the AVX512_BF16 instruction vcvtneps2bf16 (one instruction instead of the
+// integer round-to-nearest-even sequence of bf16_pack). Like that instruction, it treats
+// denormal fp32 inputs as zero and flushes denormal bf16 results to zero (< 1.2e-38).
+#define TO_NS isa_avx512bf16
+#define TO_TABLE_FN table_avx512bf16
+#define TO_AVX512_BF16 1
+#undef TO_ISA
+#define TO_ISA 2
+#elif TO_ISA == 0
 #define TO_NS isa_scalar
 #define TO_TABLE_FN table_scalar
 #elif TO_ISA == 1
@@ -257,6 +268,9 @@ inline V vload(const bf16* p) {
     __m512i w = _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i*)p));
     return {_mm512_castsi512_ps(_mm512_slli_epi32(w, 16))};
 }
+#if defined(TO_AVX512_BF16)
+inline __m256i bf16_pack(V v) { return (__m256i)_mm512_cvtneps_pbh(v.v); }
+#else
 inline __m256i bf16_pack(V v) {
     __m512i u = _mm512_castps_si512(v.v);
     __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1));
@@ -265,6 +279,7 @@ inline __m256i bf16_pack(V v) {
     r = _mm512_mask_mov_epi32(r, isnan, _mm512_or_si512(u, _mm512_set1_epi32(0x400000)));
     return _mm512_cvtepi32_epi16(_mm512_srli_epi32(r, 16));
 }
+#endif
 inline void vstore(float* p, V v) { _mm512_storeu_ps(p, v.v); }
 inline void vstore(f16* p, V v) { _mm256_storeu_si256((__m256i*)p, _mm512_cvtps_ph(v.v, _MM_FROUND_TO_NEAREST_INT)); }
 inline void vstore(bf16* p, V v) { _mm256_storeu_si256((__m256i*)p, bf16_pack(v)); }

@@ -10,6 +10,8 @@ KernelTable make() {
     t.isa = "scalar";
 #elif TO_ISA == 1
     t.isa = "avx2";
+#elif defined(TO_AVX512_BF16)
+    t.isa = "avx512bf16";
 #else
     t.isa = "avx512";
 #endif
@@ -20,6 +22,8 @@ KernelTable make() {
     fill_rope(t);
     fill_optim(t);
     fill_common(t);
+    fill_tex_train(t);
+    fill_backward(t);
     return t;
 }
 }  // namespace

@@ -14,6 +14,8 @@ void fill_activation(KernelTable& t);
 void fill_rope(KernelTable& t);
 void fill_optim(KernelTable& t);
 void fill_common(KernelTable& t);
+void fill_tex_train(KernelTable& t);
+void fill_backward(KernelTable& t);
 
 namespace {
 

@@ -114,8 +114,12 @@ inline V vdiv_1p_exp2(V a, V v) {
 // correct -0 limit, and silu(-Inf) = -Inf/Inf = NaN matches the float64 formula (with the
 // reciprocal estimate: -Inf * rcp(Inf) = -Inf * 0 = NaN too). (A division-free fp32 form,
 // 1/(1+e^-|x|) by reciprocal estimate + Newton step, was measured 40% slower.)
+// vneg_log2e: the argument v of 2^v = e^-x, shared by silu's forward and swiglu's backward
+// (backward.cpp, through vexp_neg_fast).
+inline V vneg_log2e(V x) { return x * vset(-1.44269504088896341f); }
+inline V vexp_neg_fast(V x) { return vexp2_fast(vneg_log2e(x)); }
 template <bool LP = false>
-inline V vsilu(V x) { return vdiv_1p_exp2<LP>(x, x * vset(-1.44269504088896341f)); }
+inline V vsilu(V x) { return vdiv_1p_exp2<LP>(x, vneg_log2e(x)); }
 
 // erf(x): rational minimax approximation x*P(x^2)/Q(x^2) on [-4, 4] (the one Eigen and
 // XLA use for fp32; a few ulp); |x| > 4 clamps, where erf is +-1 to fp32 precision.
@@ -149,11 +153,15 @@ inline V vgelu_erf(V x) {
 // 0.5*(1 + tanh(u)) = 1/(1 + e^(-2u)) turns it into x / (1 + e^(-2u)): one exponential and
 // one division, no tanh polynomial, and none of the cancellation tanh(u) -> -1 would cause
 // in 1 + tanh(u) for negative x (the error stays at the exponential's, see vexp2_fast).
+// -2u * log2(e) = x * (c1 + c2 x^2), the argument of 2^v: the constants folded once here
+// (the forward below and the backward in backward.cpp both call it; x2 = x*x).
+inline V vgelu_tanh_arg(V x, V x2) {
+    return x * vfma(x2, vset(-0.10294323958002349f), vset(-2.3022081981443252f));
+}
+
 template <bool LP = false>
 inline V vgelu_tanh(V x) {
-    // -2u * log2(e) = x * (c1 + c2 x^2): the constants folded for vexp2_fast
-    V v = x * vfma(x * x, vset(-0.10294323958002349f), vset(-2.3022081981443252f));
-    return vdiv_1p_exp2<LP>(x, v);
+    return vdiv_1p_exp2<LP>(x, vgelu_tanh_arg(x, x * x));
 }
 
 // tanh(x) by the same route, for callers that need tanh itself:

@@ -6,14 +6,14 @@
 #ifndef TENSOR_OPS_COMMON_CUH
 #define TENSOR_OPS_COMMON_CUH
 
-namespace tops {
+namespace to {
 
 struct f16 { unsigned short bits; };
 struct bf16 { unsigned short bits; };
 
 __device__ __forceinline__ float to_float(float v) { return v; }
 __device__ __forceinline__ float to_float(f16 v) {
-#ifdef TOPS_HOST_EMULATION  // tests/test_cuda.py runs these kernels on the CPU (F16C)
+#ifdef TO_HOST_EMULATION  // tests/test_cuda.py runs these kernels on the CPU (F16C)
     return _cvtsh_ss(v.bits);
 #else
     float f;
@@ -29,7 +29,7 @@ template <typename T> __device__ __forceinline__ T from_float(float f);
 template <> __device__ __forceinline__ float from_float<float>(float f) { return f; }
 template <> __device__ __forceinline__ f16 from_float<f16>(float f) {
     f16 r;
-#ifdef TOPS_HOST_EMULATION
+#ifdef TO_HOST_EMULATION
     r.bits = _cvtss_sh(f, 0);  // 0: round to nearest even, as cvt.rn
 #else
     asm("cvt.rn.f16.f32 %0, %1;" : "=h"(r.bits) : "f"(f));
@@ -55,8 +55,8 @@ struct alignas(sizeof(T) * N) AVec { T v[N]; };
 
 template <typename T, int N>
 __device__ __forceinline__ void load_f(const T* __restrict__ p, float* out) {
-#ifdef TOPS_EMU_CHECK_ALIGN
-    TOPS_EMU_CHECK_ALIGN(p, alignof(AVec<T, N>));
+#ifdef TO_EMU_CHECK_ALIGN
+    TO_EMU_CHECK_ALIGN(p, alignof(AVec<T, N>));
 #endif
     AVec<T, N> a = *reinterpret_cast<const AVec<T, N>*>(p);
 #pragma unroll
@@ -65,8 +65,8 @@ __device__ __forceinline__ void load_f(const T* __restrict__ p, float* out) {
 
 template <typename T, int N>
 __device__ __forceinline__ void store_f(T* __restrict__ p, const float* in) {
-#ifdef TOPS_EMU_CHECK_ALIGN
-    TOPS_EMU_CHECK_ALIGN(p, alignof(AVec<T, N>));
+#ifdef TO_EMU_CHECK_ALIGN
+    TO_EMU_CHECK_ALIGN(p, alignof(AVec<T, N>));
 #endif
     AVec<T, N> a;
 #pragma unroll
@@ -147,9 +147,10 @@ __device__ __forceinline__ float gelu_tanh_f(float x) {
     return 0.5f * x * (1.0f + tanhf(k * (x + 0.044715f * x * x * x)));
 }
 
-}  // namespace tops
+}  // namespace to
 
-// One extern "C" entry per (op, dtype) so CuPy's RawModule finds it by name.
-#define TOPS_FOR_EACH_DTYPE(M) M(float, f32) M(tops::f16, f16) M(tops::bf16, bf16)
+// One extern "C" entry per (op, dtype), named to_<op>_<f32|f16|bf16> ("to_" is the project's one
+// symbol prefix, shared with the OpenCL kernels), so CuPy's RawModule finds it by name.
+#define TO_FOR_EACH_DTYPE(M) M(float, f32) M(to::f16, f16) M(to::bf16, bf16)
 
 #endif  // TENSOR_OPS_COMMON_CUH

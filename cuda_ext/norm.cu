@@ -3,7 +3,7 @@
 // re-read in streaming passes. 16-byte loads when the host says every row is aligned.
 #include "common.cuh"
 
-namespace tops {
+namespace to {
 
 template <typename T, int V>
 __device__ __forceinline__ void rms_row(const T* __restrict__ x, const T* __restrict__ w,
@@ -157,18 +157,18 @@ __device__ __forceinline__ void layer_norm_kernel(const T* x, const T* w, const 
     }
 }
 
-}  // namespace tops
+}  // namespace to
 
-#define TOPS_NORM(T, S)                                                                        \
-    extern "C" __global__ void __launch_bounds__(512, 2) rms_norm_##S(const T* __restrict__ x, const T* __restrict__ w,  \
+#define TO_NORM(T, S)                                                                          \
+    extern "C" __global__ void __launch_bounds__(512, 2) to_rms_norm_##S(const T* __restrict__ x, const T* __restrict__ w, \
                                             T* __restrict__ y, long long rows, int n,          \
                                             float eps, int vec) {                              \
-        tops::rms_norm_kernel<T>(x, w, y, rows, n, eps, vec);                                  \
+        to::rms_norm_kernel<T>(x, w, y, rows, n, eps, vec);                                    \
     }                                                                                          \
-    extern "C" __global__ void __launch_bounds__(512, 2) layer_norm_##S(const T* __restrict__ x, const T* __restrict__ w,\
+    extern "C" __global__ void __launch_bounds__(512, 2) to_layer_norm_##S(const T* __restrict__ x, const T* __restrict__ w, \
                                               const T* __restrict__ b, T* __restrict__ y,      \
                                               long long rows, int n, float eps, int vec) {     \
-        tops::layer_norm_kernel<T>(x, w, b, y, rows, n, eps, vec);                             \
+        to::layer_norm_kernel<T>(x, w, b, y, rows, n, eps, vec);                               \
     }
-TOPS_FOR_EACH_DTYPE(TOPS_NORM)
-#undef TOPS_NORM
+TO_FOR_EACH_DTYPE(TO_NORM)
+#undef TO_NORM

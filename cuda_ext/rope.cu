@@ -2,7 +2,7 @@
 // Non-interleaved pairs (i, i + n/2); interleaved pairs (2i, 2i + 1). fp32 math.
 #include "common.cuh"
 
-namespace tops {
+namespace to {
 
 // Non-interleaved: V consecutive i in [0, h) per step, with their partners at i + h.
 template <typename T, int V>
@@ -75,14 +75,14 @@ __device__ __forceinline__ void rope_kernel(const T* x, const float* cos_t, cons
     }
 }
 
-}  // namespace tops
+}  // namespace to
 
-#define TOPS_ROPE(T, S)                                                                        \
-    extern "C" __global__ void rope_##S(const T* __restrict__ x, const float* __restrict__ cos_t,\
+#define TO_ROPE(T, S)                                                                          \
+    extern "C" __global__ void to_rope_##S(const T* __restrict__ x, const float* __restrict__ cos_t, \
                                         const float* __restrict__ sin_t, T* __restrict__ y,    \
                                         long long rows, int n, int T_pos, int interleaved,     \
                                         int vec) {                                             \
-        tops::rope_kernel<T>(x, cos_t, sin_t, y, rows, n, T_pos, interleaved, vec);            \
+        to::rope_kernel<T>(x, cos_t, sin_t, y, rows, n, T_pos, interleaved, vec);              \
     }
-TOPS_FOR_EACH_DTYPE(TOPS_ROPE)
-#undef TOPS_ROPE
+TO_FOR_EACH_DTYPE(TO_ROPE)
+#undef TO_ROPE

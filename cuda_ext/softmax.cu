@@ -1,7 +1,7 @@
 // softmax over the last axis: same row layout as norm.cu (warp or block per row, launch-selected).
 #include "common.cuh"
 
-namespace tops {
+namespace to {
 
 template <typename T, int V>
 __device__ __forceinline__ void softmax_row(const T* __restrict__ x, T* __restrict__ y, int n,
@@ -78,12 +78,12 @@ __device__ __forceinline__ void softmax_kernel(const T* x, T* y, long long rows,
     }
 }
 
-}  // namespace tops
+}  // namespace to
 
-#define TOPS_SOFTMAX(T, S)                                                                     \
-    extern "C" __global__ void __launch_bounds__(512, 2) softmax_##S(const T* __restrict__ x, T* __restrict__ y,         \
+#define TO_SOFTMAX(T, S)                                                                       \
+    extern "C" __global__ void __launch_bounds__(512, 2) to_softmax_##S(const T* __restrict__ x, T* __restrict__ y, \
                                            long long rows, int n, int vec) {                   \
-        tops::softmax_kernel<T>(x, y, rows, n, vec);                                           \
+        to::softmax_kernel<T>(x, y, rows, n, vec);                                             \
     }
-TOPS_FOR_EACH_DTYPE(TOPS_SOFTMAX)
-#undef TOPS_SOFTMAX
+TO_FOR_EACH_DTYPE(TO_SOFTMAX)
+#undef TO_SOFTMAX

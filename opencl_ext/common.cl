@@ -1,9 +1,10 @@
 /* tensor_ops OpenCL backend: helpers shared by every program (OpenCL C 1.2).
  *
  * The host builds each program as: common.cl, then for each storage variant
- * (STORAGE = 0..3; see dtype.cl) dtype.cl followed by the family's body, so every
- * kernel exists as <name>_f32a, <name>_f32, <name>_f16 and <name>_f32n. Math is always
- * fp32.
+ * (STORAGE = 0..3; see dtype.cl) dtype.cl followed by the family's body (norm.cl,
+ * softmax.cl, activation.cl, rope.cl), so every kernel exists as to_<name>_f32a,
+ * to_<name>_f32, to_<name>_f16 and to_<name>_f32n (KN; "to_" is the project's one symbol
+ * prefix, shared with the CUDA kernels). Math is always fp32.
  *
  * LWS (the one fixed local size, a power of two) is passed with -DLWS=<n>.
  */
@@ -99,7 +100,7 @@
 
 #define CAT_(a, b) a##b
 #define CAT(a, b) CAT_(a, b)
-#define KN(name) CAT(name, SUF)
+#define KN(name) CAT(CAT(to_, name), SUF)
 #define KERNEL __kernel __attribute__((reqd_work_group_size(LWS, 1, 1)))
 
 /* Sum of one value per work-item over the work-group; every work-item gets the result.

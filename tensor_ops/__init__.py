@@ -11,7 +11,8 @@ from ._errors import (BackendError, BackendFallbackWarning, BackendUnavailableEr
                       ConfigError)
 from ._facade import gelu, geglu, layer_norm, matmul, relu, rms_norm, rope, silu, softmax, swiglu
 from ._global import get_backend, get_manager, get_registry, reload_config, set_backend, use_backend
-from ._info import format_info, get_backend_info, get_cpp_info, get_cuda_info, get_numpy_info, get_opencl_info
+from ._info import (format_info, get_backend_info, get_cpp_info, get_cuda_info, get_cupy_info, get_numpy_info,
+                    get_opencl_info)
 from ._registry import BackendImplKind, OpImpl, OpRegistry
 from ._manager import OpManager
 from ._version import __version__
@@ -20,7 +21,7 @@ __all__ = [
     "rms_norm", "layer_norm", "softmax", "silu", "gelu", "relu", "swiglu", "geglu", "rope", "matmul",
     "get_backend", "get_backend_info", "set_backend", "use_backend", "reload_config",
     "get_registry", "get_manager", "format_info",
-    "get_numpy_info", "get_cpp_info", "get_opencl_info", "get_cuda_info",
+    "get_numpy_info", "get_cpp_info", "get_opencl_info", "get_cuda_info", "get_cupy_info",
     "OpImpl", "OpRegistry", "OpManager", "BackendImplKind",
     "BackendError", "BackendUnavailableError", "BackendUnsupportedError", "BackendFallbackWarning", "ConfigError",
     "__version__",

@@ -25,6 +25,11 @@ def _cmd_info(args) -> int:
             case.call()
         except Exception as exc:  # shown in the table, not fatal
             errors[case.op] = f"{type(exc).__name__}: {exc}"
+    if not args.no_torch:
+        import importlib.util
+        if importlib.util.find_spec("torch") is not None:
+            import tensor_ops.torch as tot      # registers the torch ops: the info says if that worked
+            tot.register()
     info = to.get_backend_info()
     if args.json:
         print(json.dumps(info, indent=2, default=str))
@@ -40,6 +45,7 @@ def main(argv=None) -> int:
     sub = p.add_subparsers(dest="cmd", required=True)
     pi = sub.add_parser("info", help="explain which backend serves each op and why")
     pi.add_argument("--json", action="store_true", help="print get_backend_info() as JSON")
+    pi.add_argument("--no-torch", action="store_true", help="do not import torch (its ops stay unregistered)")
     pb = sub.add_parser("bench", help="benchmark ops × backends against the ceiling (a streaming copy of each "
                                       "op's own pages, timed in the same rounds)")
     try:

@@ -2,7 +2,11 @@
 
 NumPy arrays take the fast path everywhere; CuPy arrays, torch tensors and
 ``pyopencl.array.Array`` are recognised by their type's module so that ``import tensor_ops``
-never imports cupy, torch or pyopencl.
+never imports cupy, torch, pyopencl or ml_dtypes.
+
+bfloat16 is a first-class dtype: NumPy arrays of ``ml_dtypes.bfloat16`` (recognised by the
+dtype's name, so ml_dtypes is imported only by code that has to make one) and torch
+``bfloat16`` tensors.
 """
 from __future__ import annotations
 
@@ -10,7 +14,7 @@ import numpy as np
 
 FLOAT_DTYPES = (np.dtype(np.float16), np.dtype(np.float32), np.dtype(np.float64))
 _FLOAT_SET = frozenset(FLOAT_DTYPES)
-ACCEPTED = "float16, float32 or float64"
+ACCEPTED = "float16, bfloat16, float32 or float64"
 
 
 def kind_of(a) -> str:
@@ -26,14 +30,29 @@ def kind_of(a) -> str:
     return ""
 
 
+def bfloat16():
+    """The NumPy bfloat16 dtype (``ml_dtypes``, a dependency; imported on first use)."""
+    import ml_dtypes
+    return np.dtype(ml_dtypes.bfloat16)
+
+
+def is_bf16(dt) -> bool:
+    """Whether NumPy dtype ``dt`` is ml_dtypes' bfloat16 (by name: no import needed)."""
+    return dt is not None and dt.itemsize == 2 and dt.name == "bfloat16"
+
+
 def np_dtype(a, kind: str):
-    """The array's dtype as a NumPy dtype (torch dtypes mapped; bfloat16 → None)."""
+    """The array's dtype as a NumPy dtype (torch dtypes mapped, bfloat16 to ml_dtypes';
+    None for a torch dtype NumPy has no equivalent of)."""
     if kind == "numpy":
         return a.dtype
     if kind == "torch":
         import torch  # only reached when the caller already passed a torch tensor
+        d = a.dtype
+        if d is torch.bfloat16:
+            return bfloat16()
         return {torch.float16: np.dtype(np.float16), torch.float32: np.dtype(np.float32),
-                torch.float64: np.dtype(np.float64)}.get(a.dtype, None)
+                torch.float64: np.dtype(np.float64)}.get(d, None)
     return np.dtype(a.dtype)
 
 
@@ -52,4 +71,14 @@ def device_of(a, kind: str) -> str:
 
 
 def is_float(dt) -> bool:
-    return dt in _FLOAT_SET
+    return dt in _FLOAT_SET or is_bf16(dt)
+
+
+def math_dtype(dt):
+    """The dtype the NumPy reference computes ``dt`` in: float32 for the 16-bit storage types."""
+    return np.dtype(np.float32) if dt.itemsize == 2 else dt
+
+
+def dtype_name(dt) -> str:
+    """'float32', 'bfloat16', ... (the resolver's and the tolerance table's name)."""
+    return dt.name

@@ -35,7 +35,9 @@
 # * weight/bias/gamma have the dtype of x. The GIL is released inside every kernel;
 #   calls above 128 KiB of traffic run on set_num_threads() OpenMP threads.
 # * Kernel variants: "scalar" (portable), "avx2" (AVX2+FMA+F16C), "avx512"
-#   (F/BW/DQ/VL), chosen at import by CPUID; TENSOR_OPS_MAX_ISA=scalar|avx2|avx512 caps
+#   (F/BW/DQ/VL), "avx512bf16" (avx512 + AVX512_BF16: bfloat16 stores by vcvtneps2bf16,
+#   which flushes denormal bfloat16 results to zero), chosen at import by CPUID;
+#   TENSOR_OPS_MAX_ISA=scalar|avx2|avx512|avx512bf16 caps
 #   the choice (an unknown value makes the import fail with ValueError).
 # * Accuracy (fp32 math, tests/test_cpp.py): exp <= 4 ulp over the fp32 range (including
 #   denormal results), erf-GELU <= 10 eps absolute, tanh-GELU via x/(1+e^(-2u)).
@@ -48,7 +50,7 @@ import numpy as np
 _Arr = np.ndarray
 _BF16 = Optional[Literal["bfloat16"]]
 
-ISA: str  # the selected variant: "scalar", "avx2" or "avx512"
+ISA: str  # the selected variant: "scalar", "avx2", "avx512" or "avx512bf16"
 
 # ---- facade ops (signatures = the backend contract in CONTRIBUTING.md) ----------------
 def rms_norm(x: _Arr, weight: _Arr, eps: float, out: Optional[_Arr] = None, *,
@@ -94,12 +96,26 @@ def layer_norm_bwd(dz: _Arr, x: _Arr, mu: _Arr, rsigma: _Arr, gamma: _Arr, dx: O
                    dgamma: Optional[_Arr] = None, dbeta: Optional[_Arr] = None,
                    zero_centered_gamma: bool = False, *, dtype: _BF16 = None) -> tuple[_Arr, _Arr, _Arr]:
     """Returns (dx, dgamma, dbeta), fp32 accumulation of dgamma/dbeta across rows."""
+# ---- autograd kernels (bind_autograd.cpp, backward.cpp; used by tensor_ops.torch) -------
+_Act = Literal["silu", "gelu", "gelu_tanh"]
+
+def glu2(a: _Arr, b: _Arr, out: Optional[_Arr] = None, *, act: _Act = "silu", dtype: _BF16 = None) -> _Arr:
+    """out = act(a) * b (a, b, out of one shape; act 'gelu' is the exact erf form)."""
+def glu2_bwd(dy: _Arr, a: _Arr, b: _Arr, da: Optional[_Arr] = None, db: Optional[_Arr] = None, *,
+             act: _Act = "silu", dtype: _BF16 = None) -> tuple[_Arr, _Arr]:
+    """(da, db) = (dy * b * act'(a), dy * act(a))."""
+def glu_bwd(dy: _Arr, x: _Arr, dx: Optional[_Arr] = None, *, act: _Act = "silu", dtype: _BF16 = None) -> _Arr:
+    """dx of act(x[..., :h]) * x[..., h:] (dy has x's shape with the last axis halved)."""
+def gelu_erf_bwd(dy: _Arr, x: _Arr, out: Optional[_Arr] = None, *, dtype: _BF16 = None) -> _Arr:
+    """out = dy * gelu'(x), exact (erf) GELU."""
+
 def adam_step(g: _Arr, p: _Arr, m: _Arr, v: _Arr, lr: float, beta1: float, beta2: float, eps: float,
               bc1: float, bc2: float, mode: int, weight_decay: float, master: Optional[_Arr] = None, *,
               dtype: _BF16 = None) -> None:
     """One Adam step in place over flat tensors of equal size (TEX_API.md multi_tensor_adam).
-    g: float32/float16/bfloat16; m, v: float32; p: float32, or any of the three when
-    `master` (float32) is given: the math then runs on master and p = cast(master).
+    g: float32/float16/bfloat16; m, v: float32; p: any of the three. With `master` (float32)
+    the math runs on master and p = cast(master); without it on p itself (16-bit p rounded on
+    store, as upstream's kernel does for a bf16 model without master weights).
     bc1 = 1 - beta1**step and bc2 = 1 - beta2**step (or 1 without bias correction).
     mode 0 (L2): g += wd*p before the moments; mode 1 (AdamW): p -= lr*(update + wd*p)."""
 def scale(inp: _Arr, out: _Arr, scale: float, *, dtype: _BF16 = None) -> bool:
@@ -108,6 +124,33 @@ def scale(inp: _Arr, out: _Arr, scale: float, *, dtype: _BF16 = None) -> bool:
 def l2norm_sq(x: _Arr, *, dtype: _BF16 = None) -> float:
     """sum(x**2) over all elements: fp32 lanes per 1024-element block, blocks summed in
     double. Inf/NaN inputs give Inf/NaN."""
+
+# ---- tex training kernels (bind_tex_train.cpp); outputs given and written in place ----------
+#: activation codes of dact/dglu: gelu (tanh form), silu, qgelu, relu, srelu, sigmoid
+DACT_CODES: dict[str, int]
+def dact(grad: _Arr, x: _Arr, out: _Arr, kind: int, dbias: Optional[_Arr] = None, *, dtype: _BF16 = None) -> None:
+    """out = grad * act'(x) (kind from DACT_CODES; grad, x, out of one shape and dtype). dbias
+    (float32 [n], n = x's last dim) receives the column sums of out as stored (TE's dbias_d*)."""
+def dglu(grad: _Arr, x: _Arr, out: _Arr, kind: int, *, dtype: _BF16 = None) -> None:
+    """Gated backward: x (rows, 2h) = [a | b], grad (rows, h), out (rows, 2h) =
+    [grad*b*act'(a) | grad*act(a)] (kind: the gate's activation, DACT_CODES)."""
+def tex_softmax(x: _Arr, out: _Arr, scale: float, mode: int = 0, mask: Optional[_Arr] = None, heads: int = 1,
+                sq: int = 1, causal_off: int = 0, *, dtype: _BF16 = None) -> None:
+    """TE's scaled softmax over the rows of x (batches*heads*sq rows of sk): softmax(x*scale).
+    mode 1: mask uint8/bool [b or 1, sq, sk] (row r uses batch (r // sq) // heads), masked logits
+    become -10000 and a fully masked row gives 0; mode 2: causal, columns past
+    (r % sq) + causal_off excluded (0 out; a row with none left gives 0)."""
+def tex_softmax_bwd(dy: _Arr, y: _Arr, out: _Arr, scale: float, *, dtype: _BF16 = None) -> None:
+    """out = scale * y * (dy - sum(dy * y, row))."""
+def tex_rope(x: _Arr, cos: _Arr, sin: _Arr, pos: _Arr, out: _Arr, heads: int, interleaved: bool = False,
+             transpose: bool = False, *, dtype: _BF16 = None) -> None:
+    """Fused RoPE over x viewed (tokens, heads, d): token t uses row pos[t] (int64) of the float32
+    (P, d2) cos/sin tables on its first d2 channels (the rest copied); transpose=True is the
+    backward. ValueError for a position outside [0, P)."""
+def sgd_step(g: _Arr, p: _Arr, buf: _Arr, wd: float, momentum: float, dampening: float, lr: float, nesterov: bool,
+             first_run: bool, wd_after: bool, scale: float, *, dtype: _BF16 = None) -> None:
+    """One SGD step in place (apex/TE multi_tensor_sgd): g*scale, weight decay before or after the
+    momentum buffer (buf = g on the first run), Nesterov; g, p, buf of one dtype."""
 
 # ---- runtime -----------------------------------------------------------------------------
 def set_num_threads(n: int) -> int:
@@ -152,6 +195,9 @@ def _fast_relu(x: _Arr, /) -> Optional[_Arr]: ...
 def _fast_gelu(x: _Arr, approximate: str, /) -> Optional[_Arr]: ...
 def _fast_swiglu(x: _Arr, /) -> Optional[_Arr]: ...
 def _fast_geglu(x: _Arr, approximate: str, /) -> Optional[_Arr]: ...
+def _set_torch(tensor: type, float32: object, float16: object, bfloat16: object, from_numpy: object,
+               numpy_bfloat16: object = None) -> None:
+    """Let the _fast_* entries take torch CPU tensors (views in, torch.from_numpy out)."""
 def _fast_calls() -> dict[str, int]:
     """Calls each entry served (get_backend_info() adds them to default.cpp's counts)."""
 def _exp(x: _Arr, out: Optional[_Arr] = None, *, dtype: _BF16 = None) -> _Arr:

@@ -164,14 +164,15 @@ VARS: tuple = (
         "`RuntimeError: Backend 'x' not found. Available backends: [...]` at the first tex call",
         "torch, cpp", aliases=("TE_PLUGIN",)),
     # -- native C++ module (cpp_ext/): read by the extension itself at import
-    Var("TENSOR_OPS_MAX_ISA", _C, "cap the C++ backend's ISA variant", "avx2",
-        choice("scalar", "avx2", "avx512"), default_doc="the best the CPU supports"),
+    Var("TENSOR_OPS_MAX_ISA", _C, "cap the C++ backend's ISA variant (`avx512bf16`: AVX-512 with the "
+        "AVX512_BF16 conversion instructions)", "avx2",
+        choice("scalar", "avx2", "avx512", "avx512bf16"), default_doc="the best the CPU supports"),
     Var("TENSOR_OPS_CPP_CACHE_MB", _C, "MiB of freed C++ output blocks (fresh outputs ≥ 1 MiB) kept for "
         "reuse; `0` disables the cache (`tensor_ops._cpp.cache_info()` / `empty_cache()`)", "0, 256",
         whole_number, default_doc="1024 or 1/16 of physical memory, whichever is less"),
     Var("OMP_NUM_THREADS", _C, "threads of the C++ kernels (OpenMP runtime)", "2",
         default_doc="all cores", external=True),
-    # -- OpenCL backend (tensor_ops/backends/opencl.py)
+    # -- OpenCL backend (tensor_ops/backends/opencl/settings.py)
     Var("TENSOR_OPS_OPENCL_DEVICE", ("opencl",), "OpenCL device: `platform:device` index or a name "
         "substring", "0:0, pthread", default_doc="the fastest GPU, else the first CPU device"),
     Var("TENSOR_OPS_OPENCL_CACHE", ("opencl", "build"), "OpenCL program-binary cache directory",
@@ -193,7 +194,7 @@ VARS: tuple = (
     Var("TENSOR_OPS_CPP_SANITIZE", _B, "`1` = build the C++ extension with `-O1 -g "
         "-fsanitize=address,undefined` (what `cpp_ext/sanitize.sh` does)", "1", flag, False),
     Var("TENSOR_OPS_CPP_VARIANTS", _B, "comma list of ISA variants to build (`scalar` is always built)",
-        "scalar,avx2", items, default_doc="scalar,avx2,avx512 on x86; scalar elsewhere"),
+        "scalar,avx2", items, default_doc="scalar,avx2,avx512,avx512bf16 on x86; scalar elsewhere"),
     Var("CXX", _B, "the C++ compiler `test_capabilities` probes for OpenMP", "clang++",
         default_doc="g++", external=True),
     Var("CUDA_HOME", _B, "CUDA toolkit root: `build_cuda` looks for nvcc/cuobjdump in its `bin/` "
@@ -205,7 +206,7 @@ VARS: tuple = (
     # -- tests
     Var("TENSOR_OPS_EXPECT_ISA", ("tests",), "the ISA variant `tests/test_cpp.py` must find loaded "
         "(set by the test itself in a subprocess, next to `TENSOR_OPS_MAX_ISA`)", "avx2",
-        choice("scalar", "avx2", "avx512")),
+        choice("scalar", "avx2", "avx512", "avx512bf16")),
 )
 
 _BY_NAME: dict = {n: v for v in VARS for n in v.all_names}

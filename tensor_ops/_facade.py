@@ -1,7 +1,8 @@
 """The public ops, generated from their :class:`~tensor_ops._ops.OpSpec` (one definition per op).
 
-NumPy in → NumPy out (device arrays come back as the same kind), dtype preserved, the last
-axis is the feature axis. Every op takes ``out=`` and ``backend=``.
+NumPy in → NumPy out, torch in → torch out (device arrays come back as the same kind), dtype
+preserved (float16, bfloat16, float32, float64), the last axis is the feature axis. Every op
+takes ``out=`` and ``backend=``.
 
 Each function is compiled from its spec's stub (the way ``dataclasses`` writes ``__init__``)
 so it has the stub's exact signature and docstring and costs one Python frame:
@@ -49,8 +50,20 @@ def _alloc(kind, x, shape, dt):
 def general(spec: OpSpec, args: tuple, out, backend):
     """Validate (``spec.prepare``), dispatch through the resolver, shape the result back.
 
-    An empty input returns at once (the same result on every backend); a result whose
-    shape or dtype is wrong counts as a backend failure inside the manager."""
+    A torch tensor ``x`` goes to :mod:`tensor_ops._torch_facade` (CPU tensors as zero-copy
+    NumPy views through this same path, autograd through the custom ops). An empty input
+    returns at once (the same result on every backend); a result whose shape or dtype is
+    wrong counts as a backend failure inside the manager."""
+    x = args[0]
+    if type(x) is not np.ndarray and type(x).__module__.startswith("torch"):
+        from . import _torch_facade
+        return _torch_facade.route(spec, args, out, backend, _general_arrays)
+    return _general_arrays(spec, args, out, backend)
+
+
+def _general_arrays(spec: OpSpec, args: tuple, out, backend, kind: str = "numpy"):
+    """:func:`general` for NumPy, CuPy, pyopencl arrays and device torch tensors (``kind``
+    'torch-cpu': NumPy views of torch CPU tensors, served by the backends declaring it)."""
     p = spec.prepare(*args, out)
     if p.args is None:
         res = p.user_out if p.user_out is not None else _alloc(p.kind, p.x, p.shape, p.dtype)
@@ -63,7 +76,7 @@ def general(spec: OpSpec, args: tuple, out, backend):
         return res
     expect = (p.shape2, p.args[0].dtype) if p.shape2 is not None else None
     res = _g.manager().dispatch(spec.name, p.args, None, backend, "facade", _NAMES.get(p.dtype, str(p.dtype)),
-                                p.nbytes, expect)
+                                p.nbytes, expect, kind)
     if p.finish is not None:
         res = p.finish(res)
     user_out = p.user_out

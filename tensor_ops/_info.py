@@ -29,12 +29,41 @@ def _backend_info(name: str, mod: Any, m) -> dict:
     return out
 
 
+def torch_status() -> dict:
+    """Whether the torch ops (autograd, torch.compile) are registered, without importing torch:
+    tensor_ops.torch's own status once it was imported, else what the installed torch allows."""
+    import importlib.util
+    import sys
+    mod = sys.modules.get("tensor_ops.torch")
+    if mod is not None:
+        return mod.status()
+    try:
+        spec = importlib.util.find_spec("torch")
+    except (ImportError, ValueError):
+        spec = None
+    if spec is None:
+        return {"ok": False, "torch": None,
+                "reason": "torch is not installed: torch tensors, autograd and torch.compile need it"}
+    from importlib import metadata
+    try:
+        version = metadata.version("torch")
+    except metadata.PackageNotFoundError:
+        version = "unknown"
+    from ._torch_facade import MIN_TORCH, version_tuple
+    if version != "unknown" and version_tuple(version) < MIN_TORCH:
+        return {"ok": False, "torch": version, "reason": f"torch {version} is too old: tensor_ops.torch needs "
+                                                         f"torch >= {'.'.join(map(str, MIN_TORCH))}"}
+    return {"ok": None, "torch": version, "reason": "not registered yet: on the first torch tensor that needs "
+                                                    "autograd, or `import tensor_ops.torch`"}
+
+
 def get_backend_info() -> dict:
     """Everything about the current selection.
 
     Returns a dict with: ``version``; ``config`` (path, location, error if invalid);
     ``settings`` (value and source of each); ``backends`` (available, reason, kind, info);
-    ``vendors`` (non-built-in impls); ``ops`` (order, selected impl, calls, fallbacks,
+    ``vendors`` (non-built-in impls); ``torch`` (whether the torch ops for autograd and
+    torch.compile are registered, or why not); ``ops`` (order, selected impl, calls, fallbacks,
     source, and ``native_entry`` when plain calls go straight to a native entry, see
     CONTRIBUTING.md "The fast path for plain calls"); ``plugins`` (loaded/failed with reasons); ``tuning`` status; ``env`` (the
     project's variables that are set: every TENSOR_OPS_* / TE_* name declared in ``_env.py``).
@@ -42,7 +71,7 @@ def get_backend_info() -> dict:
     Example:
         >>> import tensor_ops as to
         >>> sorted(to.get_backend_info()["backends"])
-        ['cpp', 'cuda', 'numpy', 'opencl']
+        ['cpp', 'cuda', 'cupy', 'numpy', 'opencl']
     """
     info: dict = {"version": _version.__version__,
                   "env": _env.set_in()}
@@ -86,6 +115,7 @@ def get_backend_info() -> dict:
     info["ops"] = m.op_info()
     info["plugins"] = {"loaded": [p for p in _global.plugins() if p["ok"]],
                        "failed": [p for p in _global.plugins() if not p["ok"]]}
+    info["torch"] = torch_status()
     return info
 
 
@@ -107,11 +137,19 @@ def format_info(info: dict) -> str:
     ro = info["settings"]["runtime_override"]
     lines.append(f"{'set_backend':<16} {str(ro['set_backend']):<40} runtime")
     lines.append("")
-    lines.append(f"{'backend':<10} {'available':<10} details")
+    lines.append(f"{'backend':<10} {'available':<10} {'array kinds':<40} details")
     for name, b in info["backends"].items():
         det = b.get("reason") or ", ".join(f"{k}={v}" for k, v in (b.get("info") or {}).items()
                                            if not isinstance(v, (dict, list)))[:100]
-        lines.append(f"{name:<10} {'yes' if b['available'] else 'no':<10} {det}")
+        kinds = ",".join(b.get("array_kinds") or []) + (" (host: when named)" if b.get("device_only") else "")
+        lines.append(f"{name:<10} {'yes' if b['available'] else 'no':<10} {kinds:<40} {det}")
+    ts = info.get("torch") or {}
+    state = {True: "registered", False: "unavailable", None: "not registered yet"}[ts.get("ok")]
+    lines.append(f"torch ops (autograd, torch.compile): {state}"
+                 + (f" (torch {ts['torch']})" if ts.get("torch") else "")
+                 + (f": {ts['reason']}" if ts.get("reason") else "")
+                 + (f"; compile: {'ok' if ts['compile'].get('ok') else ts['compile'].get('reason')}"
+                    if isinstance(ts.get("compile"), dict) else ""))
     for name, v in info["vendors"].items():
         lines.append(f"{name:<10} {'yes' if v['available'] else 'no':<10} {v['kind']} ({len(v['ops'])} ops)")
     lines.append("")
@@ -171,3 +209,8 @@ def get_opencl_info() -> dict:
 def get_cuda_info() -> dict:
     """The CUDA backend: availability (or why not), devices, fatbin or NVRTC."""
     return backend_info("cuda")
+
+
+def get_cupy_info() -> dict:
+    """The CuPy reference backend (float64 and matmul on device arrays): availability (or why not)."""
+    return backend_info("cupy")

@@ -123,18 +123,19 @@ class OpManager:
         return toks
 
     def resolve(self, op: str, override: Optional[str] = None, api: Optional[str] = None,
-                dtype_name: Optional[str] = None, nbytes: int = 0) -> Resolution:
-        """The ordered candidates for ``op`` (cached)."""
+                dtype_name: Optional[str] = None, nbytes: int = 0, kind: str = "numpy") -> Resolution:
+        """The ordered candidates for ``op`` (cached). ``kind`` other than 'numpy' (e.g.
+        'torch-cpu': NumPy views of torch CPU tensors) keeps the backends that declare it."""
         api = api or default_api(op)
         s = self.settings
         bucket = s.bucket(op, dtype_name, nbytes) if s is not None and s.tuning_ops else -1
-        key = (op, api, override, bucket, dtype_name if bucket >= 0 else None)
+        key = (op, api, override, bucket, dtype_name if bucket >= 0 else None, kind)
         res = self._cache.get(key)
         if res is None:
             with self._lock:
                 res = self._cache.get(key)
                 if res is None:
-                    res = self._resolve(op, api, override, dtype_name, nbytes)
+                    res = self._resolve(op, api, override, dtype_name, nbytes, kind)
                     self._seq += 1
                     res.seq = (override is None, self._seq)
                     self._cache[key] = res
@@ -181,9 +182,11 @@ class OpManager:
         if fp is not None and first.fn is fp.fn:
             self.fast_fns[op] = fp.entry
 
-    def _resolve(self, op, api, override, dtype_name, nbytes) -> Resolution:
+    def _resolve(self, op, api, override, dtype_name, nbytes, kind: str = "numpy") -> Resolution:
         s = self.settings
         impls = self.registry.get_impls(op, api)
+        if kind != "numpy":     # backends on the contract say which kinds they serve; bare OpImpls serve all
+            impls = [i for i in impls if i.owner is None or kind in getattr(i.owner, "array_kinds", (kind,))]
         if override is not None:
             tokens = self._tokens_for_override(override)
             forced = len(tokens) == 1 and tokens[0] not in ("default", "vendor", "reference")
@@ -320,14 +323,14 @@ class OpManager:
 
     def dispatch(self, op: str, args: tuple, kwargs: Optional[dict] = None, backend: Optional[str] = None,
                  api: Optional[str] = None, dtype_name: Optional[str] = None, nbytes: int = 0,
-                 expect: Optional[tuple] = None):
+                 expect: Optional[tuple] = None, kind: str = "numpy"):
         """Resolve and run ``op``. ``backend`` overrides the order (a token or comma list);
         ``expect=(shape, dtype)`` treats a wrongly shaped result as a backend failure."""
         if backend is None:
             backend = _state.context_backend.get()
             if backend is None:
                 backend = _state.global_backend
-        return self.run(self.resolve(op, backend, api, dtype_name, nbytes), args, kwargs, expect)
+        return self.run(self.resolve(op, backend, api, dtype_name, nbytes, kind), args, kwargs, expect)
 
     def run(self, res: Resolution, args: tuple, kwargs: Optional[dict] = None, expect: Optional[tuple] = None):
         """Walk the candidates of a resolution: the per-call part of dispatch."""

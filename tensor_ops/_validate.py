@@ -12,7 +12,7 @@ import numbers
 
 import numpy as np
 
-from ._arrays import ACCEPTED, device_of, dtype_label, is_float, kind_of, np_dtype
+from ._arrays import ACCEPTED, device_of, dtype_label, is_bf16, is_float, kind_of, np_dtype
 
 
 def _kind(a, name: str) -> str:
@@ -37,9 +37,6 @@ def check_x(x, name: str = "x"):
     if k == "numpy" and isinstance(x, np.ma.MaskedArray):
         raise TypeError(f"{name} is a numpy.ma.MaskedArray: its mask would be ignored; pass "
                         f"{name}.filled(value) or a plain numpy.ndarray")
-    if k == "torch" and x.device.type == "cpu":
-        raise TypeError(f"{name} is a torch CPU tensor: pass {name}.numpy() (zero-copy) to the NumPy facade, "
-                        f"or use tensor_ops.tex for torch tensors")
     dt = _native(np_dtype(x, k))
     if dt is None or not is_float(dt):
         raise TypeError(f"{name} must have dtype {ACCEPTED}, got {dtype_label(x, k)}")
@@ -60,13 +57,14 @@ def check_eps(eps, name: str = "eps") -> float:
     return e
 
 
-def same_place(a, ka, x, kx, name: str) -> None:
+def same_place(a, ka, x, kx, name: str, ref: str = "x") -> None:
+    """``a`` (argument ``name``) must be the same array kind as ``ref`` and on its device."""
     if ka != kx:
-        raise TypeError(f"{name} is a {ka} array but x is a {kx} array: pass both on the same device")
+        raise TypeError(f"{name} is a {ka} array but {ref} is a {kx} array: pass both on the same device")
     if kx != "numpy":
         da, dx = device_of(a, ka), device_of(x, kx)
         if da != dx:
-            raise ValueError(f"{name} is on {da} but x is on {dx}: pass both on the same device")
+            raise ValueError(f"{name} is on {da} but {ref} is on {dx}: pass both on the same device")
 
 
 def contiguous(a, kind: str):
@@ -93,8 +91,7 @@ def as_dtype(a, ka, dt, kind_x):
         return a
     if ka == "torch":
         import torch
-        return a.to({np.dtype(np.float16): torch.float16, np.dtype(np.float32): torch.float32,
-                     np.dtype(np.float64): torch.float64}[dt])
+        return a.to(torch.bfloat16 if is_bf16(dt) else getattr(torch, dt.name))
     return a.astype(dt)
 
 

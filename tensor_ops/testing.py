@@ -27,11 +27,12 @@ from typing import Any, Iterable, Iterator, Optional, Union
 
 import numpy as np
 
+from ._errors import BackendUnsupportedError
 from ._ops import SPECS, TOLERANCES, OpSpec, spec
 from ._ops import tolerance as _tolerance
 
-__all__ = ["SHAPES", "DTYPES", "TOLERANCES", "Case", "Report", "cases", "oracle", "oracles", "tolerance",
-           "compare", "run_case", "run_conformance", "strict"]
+__all__ = ["SHAPES", "DTYPES", "KINDS", "TOLERANCES", "Case", "Report", "cases", "oracle", "oracles", "tolerance",
+           "compare", "run_case", "run_conformance", "strict", "np_dtype", "as_kind", "to_numpy"]
 
 #: shape id -> shape; "strided" is a (3, 66) non-contiguous view of a (6, 132) array
 SHAPES: dict[str, Union[tuple, str]] = {
@@ -41,7 +42,35 @@ SHAPES: dict[str, Union[tuple, str]] = {
     # empty middle axis; each returns the empty result of the right shape and dtype
     "empty": (0, 8), "empty_1d": (0,), "empty_last": (2, 3, 0), "empty_mid": (3, 0, 6), "empty_all": (3, 0, 0),
 }
-DTYPES = ("float32", "float16", "float64")
+DTYPES = ("float32", "float16", "bfloat16", "float64")
+#: array kinds a case can be passed as: NumPy arrays, or torch CPU tensors (zero-copy views of
+#: the same data; the result must come back as a torch tensor)
+KINDS = ("numpy", "torch")
+
+
+def np_dtype(name: str):
+    """The NumPy dtype called ``name`` ('bfloat16' is ml_dtypes', imported on first use)."""
+    if name == "bfloat16":
+        from ._arrays import bfloat16
+        return bfloat16()
+    return np.dtype(name)
+
+
+def as_kind(a, kind: str):
+    """``a`` (a NumPy array, or anything else unchanged) as ``kind``: 'numpy' or 'torch' (a CPU
+    tensor sharing the memory; bfloat16 through an int16 view)."""
+    if kind == "numpy" or not isinstance(a, np.ndarray):
+        return a
+    from ._torch_facade import to_torch
+    return to_torch(np.ascontiguousarray(a) if not a.flags.aligned else a)
+
+
+def to_numpy(r):
+    """A result as a NumPy array (torch tensors through their zero-copy view)."""
+    if type(r).__module__.split(".")[0] == "torch":
+        from ._torch_facade import to_numpy as view
+        return view(r.cpu(), "result")
+    return r
 
 
 def oracle(op: str, x, *args, **kwargs):
@@ -84,9 +113,10 @@ class Case:
             return tuple(self.x.shape[:-1]) + (self.args[0].shape[-1],)
         return tuple(self.x.shape[:-1]) + (self.spec.out_width(self.x.shape[-1]),)
 
-    def call(self, backend: Optional[str] = None, out=None):
+    def call(self, backend: Optional[str] = None, out=None, kind: str = "numpy"):
         from . import _facade
-        return _facade.OPS[self.op](self.x, *self.args, out=out, backend=backend)
+        return _facade.OPS[self.op](as_kind(self.x, kind), *(as_kind(a, kind) for a in self.args),
+                                    out=as_kind(out, kind), backend=backend)
 
     def expected(self):
         with np.errstate(all="ignore"):
@@ -96,7 +126,7 @@ class Case:
         return _tolerance(self.dtype, self.spec.tolerance, max(1, self.x.shape[-1]), level)
 
 
-def _make_x(shape_id: str, dtype: str, rng, rule) -> np.ndarray:
+def _make_x(shape_id: str, dtype, rng, rule) -> np.ndarray:
     spec_shape = SHAPES[shape_id]
     if isinstance(spec_shape, str):       # "strided"
         base = (rng.standard_normal((6, 2 * 66)) * 2).astype(dtype)
@@ -116,14 +146,18 @@ def cases(ops: Optional[Iterable[str]] = None, dtypes: Iterable[str] = DTYPES,
             for dt in dtypes:
                 for shape_id in shapes:
                     rng = np.random.default_rng(zlib.crc32(f"{op}/{variant}/{shape_id}".encode()))
-                    x = _make_x(shape_id, np.dtype(dt).name, rng, s.x_rule)
+                    x = _make_x(shape_id, np_dtype(dt), rng, s.x_rule)
                     if x.ndim < s.x_rule.min_ndim:
                         continue
-                    yield Case(op, variant, np.dtype(dt).name, shape_id, x, s.make_args(x, rng, variant))
+                    yield Case(op, variant, np_dtype(dt).name, shape_id, x, s.make_args(x, rng, variant))
 
 
-def compare(case: Case, got, level: str = "conformance") -> str:
+def compare(case: Case, got, level: str = "conformance", kind: str = "numpy") -> str:
     """'' when ``got`` is ``case``'s right answer within tolerance, else what is wrong."""
+    if kind == "torch":
+        if type(got).__module__.split(".")[0] != "torch":
+            return f"returned {type(got).__name__}, expected a torch.Tensor"
+        got = to_numpy(got)
     if not isinstance(got, np.ndarray):
         return f"returned {type(got).__name__}, expected numpy.ndarray"
     if got.shape != case.out_shape or got.dtype.name != case.dtype:
@@ -175,36 +209,42 @@ class Report:
                 f"{len(self.declined)} declined, {len(self.skipped)} ops skipped")
 
 
-def _served(op, token, dtype, nbytes) -> dict:
+def _served(op, token, dtype, nbytes, kind: str = "numpy") -> dict:
     from . import _global
-    return dict(_global.manager().resolve(op, token, "facade", dtype, nbytes).by_impl)
+    k = "torch-cpu" if kind == "torch" else "numpy"
+    return dict(_global.manager().resolve(op, token, "facade", dtype, nbytes, k).by_impl)
 
 
-def run_case(case: Case, backend: str) -> tuple[str, str]:
-    """('passed' | 'failed' | 'declined', detail) of one case forced onto ``backend``.
+def run_case(case: Case, backend: str, kind: str = "numpy") -> tuple[str, str]:
+    """('passed' | 'failed' | 'declined', detail) of one case forced onto ``backend``, its
+    arrays passed as ``kind`` ('numpy' or 'torch' CPU tensors).
 
     The impl that served is read from the manager's counters: a case the backend declined
-    (its ``supports()``), and which the resolver then gave to another impl, is 'declined',
+    (its ``supports()``, or a forced backend's BackendUnsupportedError for a dtype or array
+    kind it does not serve), and which the resolver then gave to another impl, is 'declined',
     never a pass."""
     x = case.x
-    before = _served(case.op, backend, case.dtype, x.nbytes)
+    before = _served(case.op, backend, case.dtype, x.nbytes, kind)
     try:
-        got = case.call(backend)
+        got = case.call(backend, kind=kind)
+    except BackendUnsupportedError as exc:   # the forced backend does not serve this dtype/kind
+        return "declined", f"raised BackendUnsupportedError: {exc}"
     except Exception as exc:  # strict mode: a backend failure lands here
         return "failed", f"raised {type(exc).__name__}: {exc}"
-    after = _served(case.op, backend, case.dtype, x.nbytes)
+    after = _served(case.op, backend, case.dtype, x.nbytes, kind)
     delta = {k: v - before.get(k, 0) for k, v in after.items() if v != before.get(k, 0)}
     if x.size and delta and not _is_backend(delta, backend):
         return "declined", f"served by {sorted(delta)}"
-    why = compare(case, got)
+    why = compare(case, got, kind=kind)
     if why:
         return "failed", why
-    out = np.full(case.out_shape, np.nan, case.dtype)
+    out = as_kind(np.full(case.out_shape, np.nan, np_dtype(case.dtype)), kind)
     try:
-        r2 = case.call(backend, out=out)
+        r2 = case.call(backend, out=out, kind=kind)
     except Exception as exc:
         return "failed", f"with out=: raised {type(exc).__name__}: {exc}"
-    if r2 is not out or not np.array_equal(out, got, equal_nan=True):
+    if r2 is not out or not np.array_equal(to_numpy(out).astype(np.float64), to_numpy(got).astype(np.float64),
+                                           equal_nan=True):
         return "failed", "out= gave other numbers than the plain call (or did not return out)"
     return "passed", ""
 
@@ -223,8 +263,10 @@ def _is_backend(delta: dict, token: str) -> bool:
 
 
 def run_conformance(backend: str, ops: Optional[Iterable[str]] = None, dtypes: Iterable[str] = DTYPES,
-                    shapes: Iterable[str] = tuple(SHAPES)) -> Report:
-    """Every conformance case forced onto ``backend`` (an order token), in strict mode.
+                    shapes: Iterable[str] = tuple(SHAPES), kinds: Iterable[str] = ("numpy",)) -> Report:
+    """Every conformance case forced onto ``backend`` (an order token), in strict mode, with
+    its arrays passed as each of ``kinds`` ('numpy'; 'torch' for torch CPU tensors: a case id
+    then ends in ``-torch``).
 
     Ops the backend does not implement, or cannot run here (unavailable, with the reason),
     are listed in ``skipped``; cases it declines are listed in ``declined``."""
@@ -242,11 +284,13 @@ def run_conformance(backend: str, ops: Optional[Iterable[str]] = None, dtypes: I
                 rep.skipped.append((op, f"{backend} unavailable: {why}"))
                 continue
             for case in cases([op], dtypes, shapes):
-                result, detail = run_case(case, backend)
-                if result == "passed":
-                    rep.passed.append(case.id)
-                elif result == "declined":
-                    rep.declined.append((case.id, detail))
-                else:
-                    rep.failed.append((case.id, detail))
+                for kind in kinds:
+                    result, detail = run_case(case, backend, kind)
+                    cid = case.id + ("" if kind == "numpy" else f"-{kind}")
+                    if result == "passed":
+                        rep.passed.append(cid)
+                    elif result == "declined":
+                        rep.declined.append((cid, detail))
+                    else:
+                        rep.failed.append((cid, detail))
     return rep

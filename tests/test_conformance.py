@@ -16,14 +16,18 @@ from tests.conftest import BACKENDS, backend_impl
 CASES = list(tt.cases())
 
 
+@pytest.mark.parametrize("kind", tt.KINDS)
 @pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])
 @pytest.mark.parametrize("backend", BACKENDS)
-def test_conformance(backend, case):
+def test_conformance(backend, case, kind):
+    """``kind`` 'torch': the same case on torch CPU tensors (zero-copy views; a torch result)."""
     backend_impl(case.op, backend)          # skips with the reason when unavailable / not implemented
     if case.dtype == "float64" and backend != "numpy":
-        pytest.skip(f"{backend} computes float16/float32 only; float64 is served by the NumPy reference")
+        pytest.skip(f"{backend} computes float16/bfloat16/float32 only; float64 is served by the NumPy reference")
+    if kind == "torch":
+        pytest.importorskip("torch", reason="torch not installed: the torch-tensor column skips")
     with tt.strict():
-        result, detail = tt.run_case(case, backend)
+        result, detail = tt.run_case(case, backend, kind)
     if result == "declined":
         pytest.skip(f"{backend} declined {case.id} ({detail})")
     assert result == "passed", f"{backend} {case.id}: {detail}"

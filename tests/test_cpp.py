@@ -580,8 +580,14 @@ def test_adam_step_master_weights(C, pdt):
     C.adam_step(g, p, m, v, *args, master=master, **kw)
     np.testing.assert_allclose(master, pw, rtol=1e-5, atol=1e-6)
     check(p, pw.astype(np.float32), pdt)
-    with pytest.raises(TypeError, match="master"):
-        C.adam_step(g, p, m, v, *args, **kw)  # 16-bit params need a master copy
+    # without a master copy, 16-bit params are updated in their own precision (TE's FusedAdam on a
+    # bf16 model with master_weights=False): the math reads p as stored
+    p16, p64, kw = as_dtype(master, pdt)
+    p32 = p64.astype(np.float32)
+    m, v = np.zeros(n, np.float32), np.zeros(n, np.float32)
+    pw2, _, _ = _adam_ref(g, p32.copy(), m.copy(), v.copy(), *args)
+    C.adam_step(g, p16, m, v, *args, **kw)
+    check(p16, pw2.astype(np.float32), pdt)
 
 
 @pytest.mark.parametrize("idt", DTYPES)
@@ -682,7 +688,7 @@ def test_bad_max_isa_is_reported():
     assert r.stdout.startswith("False") and "TENSOR_OPS_MAX_ISA" in r.stdout
 
 
-@pytest.mark.parametrize("isa", ["scalar", "avx2", "avx512"])
+@pytest.mark.parametrize("isa", ["scalar", "avx2", "avx512", "avx512bf16"])
 def test_isa_variant_in_subprocess(C, isa):
     """Run this file's kernel tests with the ISA capped (each variant must be exact)."""
     info = C.build_info()
@@ -692,6 +698,8 @@ def test_isa_variant_in_subprocess(C, isa):
         pytest.skip("this CPU has no AVX2+FMA+F16C")
     if isa == "avx512" and not info["cpu_supports"]["avx512_f_bw_dq_vl"]:
         pytest.skip("this CPU has no AVX-512 F/BW/DQ/VL")
+    if isa == "avx512bf16" and not info["cpu_supports"]["avx512_bf16"]:
+        pytest.skip("this CPU has no AVX512_BF16")
     if os.environ.get("TENSOR_OPS_EXPECT_ISA"):
         pytest.skip("already inside an ISA subprocess")
     env = dict(os.environ, TENSOR_OPS_MAX_ISA=isa, TENSOR_OPS_EXPECT_ISA=isa)

@@ -52,12 +52,16 @@ def _entries(ptx: str) -> set:
 def test_kernel_names_agree_between_build_and_runtime():
     syms = set(cb.kernel_symbols())
     assert len(syms) == len(cb.KERNEL_OPS) * 3
+    # one prefix for every exported kernel, the same in the build, the runtime and OpenCL
+    assert cb.SYMBOL_PREFIX == cuda.module.SYMBOL_PREFIX == "to_" and all(s.startswith("to_") for s in syms)
+    from tensor_ops.backends.opencl import programs
+    assert programs.SYMBOL_PREFIX == cb.SYMBOL_PREFIX
+    # Every kernel name the runtime launches is one the build checks for, in every dtype.
+    assert {f"to_{k}_{s}" for k in cuda.ops.KERNEL_NAMES for s in cuda.ops.SUFFIX.values()} == syms
+    launched = set(re.findall(r'(?:_launch\(c, |_unary\("\w+", |_gated\("\w+", )"(\w+)"',
+                              Path(cuda.ops.__file__).read_text()))
+    assert launched <= set(cuda.ops.KERNEL_NAMES) and {"rms_norm", "silu", "swiglu", "rope"} <= launched
     src = cuda.nvrtc_source()
-    # Every kernel name the runtime launches is one the build checks for.
-    launched = set(re.findall(r'_kernel\(f"(\w+)_\{_SUFFIX', Path(cuda.__file__).read_text()))
-    assert {"rms_norm", "layer_norm", "softmax", "rope"} <= launched
-    launched |= {"gelu_tanh", "geglu_tanh", "silu", "relu", "gelu", "swiglu", "geglu"}
-    assert launched <= set(cb.KERNEL_OPS)
     assert "#include" not in src.replace("// common.cuh inlined above", "")
 
 
@@ -164,7 +168,7 @@ def test_symbol_check_names_missing_kernels(tmp_path):
         (src / name).write_text((ROOT / "cuda_ext" / name).read_text())
     out = tmp_path / "partial.fatbin"
     cb.build_fatbin(out, archs=[75], src_dir=src, record=False, log=lambda *_: None)
-    with pytest.raises(cb.CudaBuildError, match=r"sm_75 lacks .*rms_norm_f32"):
+    with pytest.raises(cb.CudaBuildError, match=r"sm_75 lacks .*to_rms_norm_f32"):
         cb.check_fatbin(out)
     with pytest.raises(cb.CudaBuildError, match="no SASS for sm_90"):
         cb.check_fatbin(out, expected_archs=["sm_75", "sm_90"])
@@ -227,7 +231,7 @@ def test_import_and_register_load_nothing_native():
         from tensor_ops._registry import OpRegistry
         import tensor_ops.backends.cuda as c
         reg = OpRegistry()
-        c.register(reg)
+        c.BACKEND.register(reg)
         assert {i.op_name for i in reg.all_impls()} == set(c.OPS)
         assert all(i.impl_id == "default.cuda" and i.backend == "cuda" for i in reg.all_impls())
         bad = [m for m in ("cupy", "torch") if m in sys.modules]
@@ -258,8 +262,8 @@ def test_forcing_unavailable_cuda_is_an_error_with_the_reason():
 
 def test_numpy_input_needs_cuda_named_and_respects_the_threshold():
     x = np.ones((4, 1024), np.float32)
-    sup = cuda._supports_for("rms_norm")
-    assert cuda.HOST_ARRAYS == "when-named"       # the resolver keeps host data off the GPU by default
+    sup = cuda.ops.supports_for("rms_norm")
+    assert cuda.BACKEND.device_only               # the resolver keeps host data off the GPU by default
     assert sup(x, np.ones(1024, np.float32), 1e-6, None)
     assert not sup(x.astype(np.float64), np.ones(1024), 1e-6, None)
     cuda.set_host_copy_policy("rms_norm", 1 << 14)
@@ -312,20 +316,39 @@ def test_arrays_on_different_devices_are_a_value_error():
 
 def test_injected_oom_is_a_backend_error():
     pytest.importorskip("cupy")
-    call = cuda._Call.__new__(cuda._Call)
+    call = cuda.arrays.Call.__new__(cuda.arrays.Call)
     call.kind, call.dtype = "cupy", "float32"
-    with cuda.inject_fault("oom"):
+    with cuda.BACKEND.inject_fault("oom"):
         with pytest.raises(tensor_ops.BackendError, match="rms_norm out of memory: OutOfMemoryError"):
-            with cuda._guard("rms_norm"):
+            with cuda.arrays.guard("rms_norm"):
                 call.empty(None, (1024, 1024))
-    with pytest.raises(ValueError, match="kind must be"):
-        with cuda.inject_fault("bogus"):
+    with pytest.raises(ValueError, match="injects faults"):
+        with cuda.BACKEND.inject_fault("bogus"):
             pass
-    assert cuda._FAULT is None
+    assert cuda.BACKEND.fault is None
     # user errors pass through the guard untouched
     with pytest.raises(ValueError, match="mine"):
-        with cuda._guard("rms_norm"):
+        with cuda.arrays.guard("rms_norm"):
             raise ValueError("mine")
+
+
+def test_injected_launch_failure_is_a_backend_error():
+    """No GPU needed: the launch hook fails in the kernel lookup, before CuPy is touched."""
+    with cuda.BACKEND.inject_fault("launch"):
+        with pytest.raises(tensor_ops.BackendError, match="injected launch failure for to_silu_f32"):
+            cuda.module.kernel("silu_f32")
+    assert cuda.BACKEND.fault is None
+
+
+def test_float64_is_declined_and_left_to_the_cupy_reference():
+    """The kernels take float32/float16/bfloat16: supports() declines float64 device arrays
+    (reference.cupy serves them) and a direct call says so as a backend failure."""
+    f64 = _FakeCudaTensor(dtype="torch.float64")
+    assert not cuda.ops.supports_for("silu")(f64, None)
+    assert cuda.ops.supports_for("silu")(_FakeCudaTensor(dtype="torch.bfloat16"), None)
+    with pytest.raises(tensor_ops.BackendError, match="float64 is served by the CuPy reference"):
+        cuda.ops._launch(types.SimpleNamespace(op="silu", dtype="float64", dev=0), "silu", None, None, ())
+    assert "matmul" not in cuda.BACKEND.ops
 
 
 # ----------------------------------------------------------------------------- on a GPU
@@ -474,14 +497,36 @@ def test_facade_with_cupy_and_injected_oom():
     w = cupy.ones(256, cupy.float32)
     y = tensor_ops.rms_norm(x, w, backend="cuda")
     assert isinstance(y, cupy.ndarray)
-    with cuda.inject_fault("oom"):
+    with cuda.BACKEND.inject_fault("oom"):
         with pytest.raises(RuntimeError, match="out of memory"):
             tensor_ops.rms_norm(x, w, backend="cuda")
 
 
+def test_float64_and_matmul_on_device_arrays_go_to_the_cupy_reference():
+    """What the kernels do not take (float64, matmul) is served by reference.cupy, in place."""
+    cupy = _require_gpu()
+    rng = np.random.default_rng(12)
+    xh, wh = rng.standard_normal((4, 64)), rng.standard_normal(64)
+    y = tensor_ops.rms_norm(cupy.asarray(xh), cupy.asarray(wh))
+    assert isinstance(y, cupy.ndarray) and y.dtype == np.float64
+    np.testing.assert_allclose(y.get(), xh / np.sqrt((xh * xh).mean(-1, keepdims=True) + 1e-6) * wh, rtol=1e-12)
+    a, b = (rng.standard_normal((8, 16)).astype(np.float32) for _ in range(2))
+    m = tensor_ops.matmul(cupy.asarray(a), cupy.asarray(b.T.copy()))
+    np.testing.assert_allclose(m.get(), a @ b.T, rtol=1e-5, atol=1e-5)
+    calls = tensor_ops.get_backend_info()["ops"]
+    assert calls["rms_norm"]["calls"].get("reference.cupy", 0) >= 1
+    assert calls["matmul"]["calls"].get("reference.cupy", 0) >= 1
+    torch = pytest.importorskip("torch")
+    if torch.cuda.is_available():
+        t = torch.from_numpy(xh).cuda()
+        yt = tensor_ops.silu(t)
+        assert isinstance(yt, torch.Tensor) and yt.is_cuda and yt.dtype == torch.float64
+        np.testing.assert_allclose(yt.cpu().numpy(), xh / (1 + np.exp(-xh)), rtol=1e-12)
+
+
 def test_nvrtc_fallback_on_gpu(monkeypatch, tmp_path):
     _require_gpu()
-    monkeypatch.setattr(cuda, "FATBIN_PATH", tmp_path / "missing.fatbin")
+    monkeypatch.setattr(cuda.module, "FATBIN_PATH", tmp_path / "missing.fatbin")
     cuda._reset_for_tests()
     try:
         ok, reason = cuda.availability()
@@ -531,8 +576,8 @@ static std::atomic<bool> emu_misaligned{false};
 #define __forceinline__ inline
 #define __launch_bounds__(...)
 #define __shared__ static
-#define TOPS_HOST_EMULATION 1
-#define TOPS_EMU_CHECK_ALIGN(p, a) \
+#define TO_HOST_EMULATION 1
+#define TO_EMU_CHECK_ALIGN(p, a) \
     do { if (reinterpret_cast<std::uintptr_t>(p) % (a)) emu_misaligned.store(true); } while (0)
 
 inline void __syncthreads() { emu_block_bar->arrive_and_wait(); }
@@ -668,11 +713,13 @@ def _from_storage(t):
 
 @pytest.fixture
 def emu(emu_lib, monkeypatch):
+    """The backend's own path down to the loaded module: a stand-in for the RawModule whose
+    ``get_function(symbol)`` launches the emulated kernel of that exported symbol (so the
+    lookup by ``to_<name>_<dtype>``, the kernel cache and the launch hook are exercised)."""
     import ctypes
     import contextlib
 
-    def kernel(name, dev=0):
-        assert dev == 0
+    def get_function(symbol):
         def launch(grid, block, args):
             cargs = []
             for a in args:
@@ -685,20 +732,21 @@ def emu(emu_lib, monkeypatch):
                 elif isinstance(a, np.float32):
                     cargs.append(ctypes.c_float(float(a)))
                 else:
-                    raise AssertionError(f"{name}: unexpected kernel argument {a!r}")
+                    raise AssertionError(f"{symbol}: unexpected kernel argument {a!r}")
             ptrs = (ctypes.c_void_p * len(cargs))(*[ctypes.cast(ctypes.pointer(c), ctypes.c_void_p) for c in cargs])
             assert grid[2] == 1 and block[2] == 1
             assert block[0] * block[1] <= 1024 and grid[1] <= 65535
-            rc = emu_lib.emu_launch(name.encode(), grid[0], grid[1], block[0], block[1], ptrs)
-            assert rc != -1, f"no kernel {name}"
-            assert rc != 2, f"{name}: a vector access was misaligned (grid {grid}, block {block}, args {args})"
+            rc = emu_lib.emu_launch(symbol.encode(), grid[0], grid[1], block[0], block[1], ptrs)
+            assert rc != -1, f"no kernel {symbol}"
+            assert rc != 2, f"{symbol}: a vector access was misaligned (grid {grid}, block {block}, args {args})"
         return launch
 
-    monkeypatch.setattr(cuda, "_kernel", kernel)
-    monkeypatch.setattr(cuda._Call, "on_device", lambda self: contextlib.nullcontext())
-    monkeypatch.setattr(cuda._Call, "empty", lambda self, like, shape: _emu_empty(tuple(shape), like.dtype_name))
-    monkeypatch.setitem(cuda._SM_COUNT, 0, 2)
-    return kernel
+    monkeypatch.setattr(cuda.module, "_MODULE", types.SimpleNamespace(get_function=get_function))
+    monkeypatch.setattr(cuda.module, "KERNELS", {})
+    monkeypatch.setattr(cuda.arrays.Call, "on_device", lambda self: contextlib.nullcontext())
+    monkeypatch.setattr(cuda.arrays.Call, "empty", lambda self, like, shape: _emu_empty(tuple(shape), like.dtype_name))
+    monkeypatch.setitem(cuda.state.SM_COUNT, 0, 2)
+    return get_function
 
 
 EMU_SHAPES = [(1, 8), (3, 37), (5, 64), (2, 514), (3, 1000), (1, 8200)]
@@ -740,17 +788,19 @@ def test_kernels_on_cpu_emulation(emu, op, shape, dtype, offset):
 def test_fatbin_problem_reasons(tmp_path, monkeypatch):
     fat = tmp_path / "k.fatbin"
     rec = tmp_path / "k.fatbin.json"
-    monkeypatch.setattr(cuda, "FATBIN_PATH", fat)
-    monkeypatch.setattr(cuda, "FATBIN_RECORD", rec)
-    assert "no fatbin at" in cuda._fatbin_problem(90)
+    m = cuda.module
+    monkeypatch.setattr(m, "FATBIN_PATH", fat)
+    monkeypatch.setattr(m, "FATBIN_RECORD", rec)
+    assert "no fatbin at" in m.fatbin_problem(90)
     fat.write_bytes(b"\0")
-    digest = cuda._sources_digest(cuda.source_dir())
+    digest = m.sources_digest(m.source_dir())
+    assert digest == cb.sources_digest()      # the runtime and build_cuda hash the same files
     rec.write_text(json.dumps({"archs": ["sm_75", "sm_80"], "ptx": "compute_80", "sources_sha256": digest}))
-    assert cuda._fatbin_problem(80) is None
-    assert cuda._fatbin_problem(90) is None  # PTX compute_80 JIT-compiles for sm_90
-    assert "no code for sm_70" in cuda._fatbin_problem(70)
+    assert m.fatbin_problem(80) is None
+    assert m.fatbin_problem(90) is None  # PTX compute_80 JIT-compiles for sm_90
+    assert "no code for sm_70" in m.fatbin_problem(70)
     rec.write_text(json.dumps({"archs": ["sm_75"], "ptx": "compute_75", "sources_sha256": "0" * 64}))
-    assert "stale" in cuda._fatbin_problem(75)
+    assert "stale" in m.fatbin_problem(75)
 
 
 def test_te_fl_skip_cuda_disables_with_reason():

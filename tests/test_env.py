@@ -24,12 +24,8 @@ NAME = re.compile(r"\b(?:TENSOR_OPS|TE|TEFL)_[A-Z0-9_]*[A-Z0-9]\b")
 # Names of the project's shape that are not environment variables.
 NOT_VARIABLES = {"TENSOR_OPS_COMMON_CUH": "include guard of cuda_ext/common.cuh"}
 # Files allowed to touch os.environ directly (path prefixes, so that a module split into a
-# package stays covered). The variables are declared in the registry already, so the docs are
-# complete; the owners of the first two switch to _env.get()/_env.enabled() after their
-# rewrites merge, then their entries go.
+# package stays covered). The opencl and cuda packages read through _env in their settings.py.
 PENDING_READERS = {
-    "tensor_ops/backends/opencl": "TENSOR_OPS_OPENCL_* (opencl backend rewrite)",
-    "tensor_ops/backends/cuda": "TE_FL_SKIP_CUDA (cuda backend split)",
     "tensor_ops/_bench": "saves, sets and restores TENSOR_OPS_STRICT around a run (a write)",
 }
 DIRECT_READ = re.compile(r"\b(?:environ\.get|getenv)\(|\benviron\[")

@@ -34,7 +34,7 @@ def available_backends():
 
 
 BAD = [  # (call, exception type, message fragment)
-    (lambda b: to.rms_norm(X.astype(np.int32), W, backend=b), TypeError, "x must have dtype float16, float32 or float64, got int32"),
+    (lambda b: to.rms_norm(X.astype(np.int32), W, backend=b), TypeError, "x must have dtype float16, bfloat16, float32 or float64, got int32"),
     (lambda b: to.rms_norm(X > 0, W, backend=b), TypeError, "got bool"),
     (lambda b: to.silu(X.astype(np.complex64), backend=b), TypeError, "got complex64"),
     (lambda b: to.rms_norm([[1.0]], W, backend=b), TypeError, "x must be an array"),
@@ -136,7 +136,8 @@ def test_backend_info_explains_everything(unforced):
     to.rms_norm(X, W)
     info = to.get_backend_info()
     assert info["version"] == to.__version__
-    assert set(info["backends"]) == set(BACKENDS)
+    from tensor_ops.backends import BUILTIN_NAMES
+    assert set(info["backends"]) == set(BUILTIN_NAMES) == set(BACKENDS) | {"cupy"}
     for b in info["backends"].values():
         assert b["available"] or b["reason"]
     op = info["ops"]["rms_norm"]

@@ -6,11 +6,12 @@ next candidate with **one** ``BackendFallbackWarning`` per (op, impl), every fai
 counted in ``get_backend_info()["ops"][op]["failures"]``, strict mode raises
 ``BackendError`` instead, and the caller gets the reference's numbers.
 
-Native faults go through the backends' own test hooks (``opencl._FAULT`` = ``build`` /
-``device_lost`` / ``oom``; ``cuda.inject_fault("oom" | "launch")``) or replace the native
-entry points; each such scenario runs in a fresh interpreter so the once-per-process
-warning and the availability cache start clean. Python-level faults register vendor impls
-with unique ids into the live registry and remove them afterwards.
+Native faults go through the one fault hook of the backend contract,
+``BACKEND.inject_fault(kind)`` (opencl: ``build`` / ``device_lost`` / ``oom``; cuda: ``oom`` /
+``launch``), or replace the native entry points; each such scenario runs in a fresh
+interpreter so the once-per-process warning and the availability cache start clean.
+Python-level faults register vendor impls with unique ids into the live registry and remove
+them afterwards.
 """
 from __future__ import annotations
 
@@ -297,16 +298,16 @@ if hook == "fn":                      # replace every native entry point with a 
     for i in impls:
         i.fn = dead
     expect = "injected native failure"
-elif backend == "opencl":
-    import tensor_ops.backends.opencl as ocl
-    ocl._FAULT = hook
-    expect = {"device_lost": "DEVICE_NOT_AVAILABLE", "oom": "out of device memory"}[hook]
-elif backend == "cuda":
-    import tensor_ops.backends.cuda as cu
-    for op in ops:
-        cu.set_host_copy_policy(op, 0)       # send host arrays to the GPU, so the hook is reached
-    cu._FAULT = hook
-    expect = {"oom": "out of memory", "launch": "injected launch failure"}[hook]
+else:                                 # the contract's one hook, on for the rest of this process
+    import importlib
+    mod = importlib.import_module(f"tensor_ops.backends.{backend}")
+    if backend == "cuda":
+        for op in ops:
+            mod.set_host_copy_policy(op, 0)  # send host arrays to the GPU, so the hook is reached
+    fault = mod.BACKEND.inject_fault(hook)   # kept referenced: a collected hook undoes itself
+    fault.__enter__()
+    expect = {("opencl", "device_lost"): "DEVICE_NOT_AVAILABLE", ("opencl", "oom"): "out of device memory",
+              ("cuda", "oom"): "out of memory", ("cuda", "launch"): "injected launch failure"}[backend, hook]
 rng = np.random.default_rng(0)
 x = rng.standard_normal((5, 16)).astype(np.float32)
 w = np.linspace(0.5, 1.5, 16).astype(np.float32)
@@ -365,7 +366,8 @@ def test_native_runtime_failure_falls_back(backend, hook, isolated_config, tmp_p
 OPENCL_BUILD = """
 import json, warnings, numpy as np, tensor_ops as to
 import tensor_ops.backends.opencl as ocl
-ocl._FAULT = "build"
+fault = ocl.BACKEND.inject_fault("build")   # on for the rest of this process (kept referenced)
+fault.__enter__()
 x = np.ones((2, 8), np.float32)
 with warnings.catch_warnings(record=True) as rec:
     warnings.simplefilter("always")
@@ -426,19 +428,27 @@ def test_cuda_oom_hook_is_a_backend_failure_at_function_level():
     must turn it into a BackendError (a RuntimeError the manager falls back on), not a user error."""
     cuda = pytest.importorskip("tensor_ops.backends.cuda")
     pytest.importorskip("cupy", reason="CuPy not installed")
-    if not hasattr(cuda, "inject_fault"):
-        pytest.skip("tensor_ops.backends.cuda has no inject_fault hook yet")
-    call = object.__new__(cuda._Call)
+    call = object.__new__(cuda.arrays.Call)
     call.op, call.kind, call.dev, call.dtype = "rms_norm", "cupy", 0, "float32"
-    with cuda.inject_fault("oom"):
+    with cuda.BACKEND.inject_fault("oom"):
         with pytest.raises(BackendError, match="rms_norm out of memory: OutOfMemoryError") as err:
-            with cuda._guard("rms_norm"):
+            with cuda.arrays.guard("rms_norm"):
                 call.empty(None, (1 << 20, 1024))
     assert not isinstance(err.value, (ValueError, TypeError))
-    assert cuda._FAULT is None                                     # the hook undoes itself
-    with pytest.raises(ValueError, match="inject_fault: kind must be"):
-        with cuda.inject_fault("disk_full"):
+    assert cuda.BACKEND.fault is None                              # the hook undoes itself
+    with pytest.raises(ValueError, match="backend 'cuda' injects faults"):
+        with cuda.BACKEND.inject_fault("disk_full"):
             pass
+
+
+def test_every_declared_fault_kind_has_a_scenario():
+    """The fault kinds each built-in backend declares (``BACKEND.faults``) are exactly the
+    kinds the scenarios above inject (opencl's "build" by its own test)."""
+    import importlib
+    covered = {(b, h) for b, h in NATIVE_CASES if h != "fn"} | {("opencl", "build")}
+    for name in BACKENDS:
+        declared = set(importlib.import_module(f"tensor_ops.backends.{name}").BACKEND.faults)
+        assert declared == {h for b, h in covered if b == name}, name
 
 
 def test_native_backends_are_all_covered():

@@ -41,6 +41,7 @@ from tensor_ops._ops import SPECS  # noqa: E402
 from tensor_ops._ops import tolerance as _ops_tolerance  # noqa: E402
 from tensor_ops.testing import oracles as R  # noqa: E402
 from tensor_ops.testing import tolerance  # noqa: E402
+import tensor_ops.testing as tt  # noqa: E402
 from tests.conftest import BACKENDS, forced_backend  # noqa: E402
 
 # run once per forced backend in CI (TENSOR_OPS_BACKEND=<name> pytest -m <name>)
@@ -60,10 +61,24 @@ ROWS = tuple(range(1, 10)) + (64, 257, 1031)           # many rows: the kernels'
 MAX_ELEMS = 1 << 15
 LAYOUTS = ("contig", "rowstep", "colstep", "negative", "transposed", "misaligned", "batched")
 SPECIALS = ("nan", "inf", "-inf", "zero", "-zero", "denormal", "max", "-max", "tiny")
-DTYPES = ("float16", "float32", "float64")
+DTYPES = ("float16", "bfloat16", "float32", "float64")
 # Largest |x| whose squares summed over a 4097-wide row stay finite in the op's math dtype
-# (fp16 storage is fp32 math), so the fp64 oracle and the backends agree on "finite".
-SAFE_LOG10 = {"float16": 4.0, "float32": 15.0, "float64": 150.0}
+# (fp16/bf16 storage is fp32 math), so the fp64 oracle and the backends agree on "finite".
+SAFE_LOG10 = {"float16": 4.0, "bfloat16": 15.0, "float32": 15.0, "float64": 150.0}
+#: how a recipe's arrays are passed: NumPy arrays, or torch CPU tensors (zero-copy views of the
+#: same memory; torch has no negative strides, so those layouts stay NumPy)
+KINDS = ("numpy", "numpy", "torch")
+
+
+def _dt(name: str):
+    return tt.np_dtype(name)
+
+
+def _finfo(dt):
+    if dt.name == "bfloat16":
+        import ml_dtypes
+        return ml_dtypes.finfo(dt)
+    return np.finfo(dt)
 
 
 # --------------------------------------------------------------------------- recipes
@@ -77,6 +92,7 @@ _S = {
     "specials": st.lists(st.tuples(st.integers(0, 100), st.sampled_from(SPECIALS)), max_size=3),
     "out": st.sampled_from(["none", "none", "contig", "strided", "alias"]), "mode": st.sampled_from(["keyword", "policy"]),
     "eps": st.sampled_from([1e-6, 1e-5, 0.0, 1e-2, 1.0]), "k": st.sampled_from([1, 3, 8, 17, 64]),
+    "kind": st.sampled_from(KINDS),
     **{f"log10_{d}": st.integers(-6 if d == "float16" else -30, int(SAFE_LOG10[d])) for d in DTYPES},
 }
 
@@ -97,6 +113,7 @@ def recipes(draw):
         "layout": draw(_S["layout"]), "dist": draw(_S["dist"]), "log10_scale": draw(_S[f"log10_{dtype}"]),
         "offset": draw(_S["offset"]), "seed": draw(_S["seed"]), "specials": draw(_S["specials"]),
         "out": draw(_S["out"]), "mode": draw(_S["mode"]), "eps": draw(_S["eps"]), "k": draw(_S["k"]),
+        "kind": draw(_S["kind"]),
     }
 
 
@@ -114,13 +131,13 @@ def _values(rng, shape, p, dt):
     else:                                    # magnitudes spread over many decades
         v = rng.standard_normal(shape) * 10.0 ** rng.uniform(-3, 0, shape)
     v = (v + p["offset"]) * scale
-    info = np.finfo(dt)
+    info = _finfo(dt)
     lim = float(info.max) / 8
     return np.clip(v, -lim, lim)
 
 
 def _special(name, dt):
-    info = np.finfo(dt)
+    info = _finfo(dt)
     return {"nan": np.nan, "inf": np.inf, "-inf": -np.inf, "zero": 0.0, "-zero": -0.0,
             "denormal": float(info.smallest_subnormal) * 3, "max": float(info.max), "-max": -float(info.max),
             "tiny": float(info.tiny)}[name]
@@ -154,7 +171,7 @@ def _layout(a: np.ndarray, layout: str, rng) -> np.ndarray:
 
 def build(p: dict):
     """(x, extra args, kwargs, oracle fn) for a recipe. Deterministic in ``p``."""
-    dt = np.dtype(p["dtype"])
+    dt = _dt(p["dtype"])
     rng = np.random.default_rng(p["seed"])
     shape = tuple(p["shape"])
     x = _values(rng, shape, p, dt).astype(dt)
@@ -231,7 +248,7 @@ def _oracle(p, oracle):
     with np.errstate(all="ignore"), warnings.catch_warnings():
         warnings.simplefilter("ignore")
         want = np.asarray(oracle(), np.float64)
-        return want.astype(np.dtype(p["dtype"])).astype(np.float64)   # rounded to the dtype (overflow → inf)
+        return want.astype(_dt(p["dtype"])).astype(np.float64)   # rounded to the dtype (overflow → inf)
 
 
 def _gated_exact(p, x):
@@ -252,7 +269,7 @@ def _gated_exact(p, x):
 
 
 def compare(p, got, want, where, atol_scale=None, ignore=None):
-    dt = np.dtype(p["dtype"])
+    dt = _dt(p["dtype"])
     assert isinstance(got, np.ndarray) and got.dtype == dt, (where, type(got), getattr(got, "dtype", None))
     assert got.shape == want.shape, (where, got.shape, want.shape)
     g = got.astype(np.float64)
@@ -394,31 +411,50 @@ def _aliased(p, x, args):
     return x, tuple(args), buf
 
 
+def _torch_kind(p) -> bool:
+    return p.get("kind", "numpy") == "torch" and p["layout"] not in ("negative", "misaligned")
+
+
 def _call(p, backend, x, args, kw):
-    f = facade_fn(p["op"])
+    """The recipe's call on ``backend``; with kind 'torch' the arrays go in as torch CPU tensors
+    (views of the same memory) and the torch result comes back as its NumPy view."""
     out, big = _make_out(p, x)
     aliased = _aliased(p, x, args) if p["out"] == "alias" else None
     if aliased is not None:
         x, args, out = aliased
     snap = [np.array(a, copy=True) for a in (x, *args) if isinstance(a, np.ndarray) and aliased is None]
-    if p["mode"] == "policy":
-        with _Policy(backend):
-            plain = np.ascontiguousarray(x[..., :2, :]) if x.ndim >= 2 else x
-            if p["op"] not in ("rope", "rope_interleaved", "matmul"):
-                with np.errstate(all="ignore"):                       # warm: fills the fast-path cache
-                    f(plain, *args, **kw)
-            with np.errstate(all="ignore"):
-                got = f(x, *args, **kw, out=out)
+    if _torch_kind(p):
+        torch = pytest.importorskip("torch", reason="torch not installed")  # noqa: F841
+        ot = tt.as_kind(out, "torch")
+        got = _call_kind(p, backend, tt.as_kind(x, "torch"), tuple(tt.as_kind(a, "torch") for a in args), kw, ot)
+        assert type(got).__module__.startswith("torch"), f"{backend}: torch in, {type(got).__name__} out"
+        if out is not None:
+            assert got is ot, f"{backend}: out= given but another tensor returned"
+            got = out
     else:
-        with np.errstate(all="ignore"):
-            got = f(x, *args, **kw, out=out, backend=backend)
+        got = _call_kind(p, backend, x, args, kw, out)
     for before, a in zip(snap, [a for a in (x, *args) if isinstance(a, np.ndarray)]):
         assert np.array_equal(before, a, equal_nan=True), f"{backend}: an input was modified"
     if out is not None:
         assert got is out, f"{backend}: out= given but another array returned"
         if big is not None:
             assert (big[..., 1::2] == 123.0).all(), f"{backend}: wrote outside the out= view"
-    return got
+    return tt.to_numpy(got)
+
+
+def _call_kind(p, backend, x, args, kw, out):
+    f = facade_fn(p["op"])
+    if p["mode"] == "policy":
+        with _Policy(backend):
+            plain = x[..., :2, :] if x.ndim >= 2 else x
+            plain = plain.contiguous() if type(plain).__module__.startswith("torch") else np.ascontiguousarray(plain)
+            if p["op"] not in ("rope", "rope_interleaved", "matmul"):
+                with np.errstate(all="ignore"):                       # warm: fills the fast-path cache
+                    f(plain, *args, **kw)
+            with np.errstate(all="ignore"):
+                return f(x, *args, **kw, out=out)
+    with np.errstate(all="ignore"):
+        return f(x, *args, **kw, out=out, backend=backend)
 
 
 _RANGE_OPS = ("rms_norm", "layer_norm", "matmul")
@@ -511,7 +547,7 @@ def check(p: dict, backends=None, skip_known: bool = True) -> int:
         with np.errstate(all="ignore"):
             x64 = x.astype(np.float64).reshape(-1, x.shape[-1])
             mu, sd = np.abs(x64.mean(-1)), x64.std(-1)
-            res = {"float16": 1e-2, "float32": 1e-4, "float64": 1e-12}[p["dtype"]]
+            res = {"float16": 1e-2, "bfloat16": 3e-2, "float32": 1e-4, "float64": 1e-12}[p["dtype"]]
             bad_rows = (sd <= mu * res) & np.isfinite(x64).all(-1)
         if bad_rows.any():
             ignore = np.broadcast_to(bad_rows[:, None], x64.shape).reshape(x.shape)

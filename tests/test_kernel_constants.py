@@ -136,10 +136,10 @@ def gelu_constants(src: dict) -> dict:
     out[("cpp", "vgelu_erf")] = (only(literals(function_body(src, "cpp", "vgelu_erf")), 0.7, 0.72, "cpp vgelu_erf")[0],
                                  None, None)
     # C++ folds -2 sqrt(2/pi) log2(e) (c2) and its product with 0.044715 (c1) for vexp2_fast
-    lits = literals(function_body(src, "cpp", "vgelu_tanh"))
-    c1 = only(lits, 0.05, 0.2, "cpp vgelu_tanh c1")[0]
-    c2 = only(lits, 2.0, 3.0, "cpp vgelu_tanh c2")[0]
-    out[("cpp", "vgelu_tanh")] = (None, -c2 / (2.0 * LOG2E), c1 / c2)
+    lits = literals(function_body(src, "cpp", "vgelu_tanh_arg"))
+    c1 = only(lits, 0.05, 0.2, "cpp vgelu_tanh_arg c1")[0]
+    c2 = only(lits, 2.0, 3.0, "cpp vgelu_tanh_arg c2")[0]
+    out[("cpp", "vgelu_tanh_arg")] = (None, -c2 / (2.0 * LOG2E), c1 / c2)
     for name in ("GELU8", "GELU1"):
         out[("opencl", name)] = (only(literals(macro_body(src, "opencl", name)), 0.7, 0.72, f"opencl {name}")[0],
                                  None, None)
@@ -164,8 +164,8 @@ def exp_constants(src: dict) -> dict:
     lo = only(lits, 1e-4, 1e-3, "cpp vexp_reduced ln2 lo")[0]
     out[("cpp", "vexp_reduced")] = {"log2e": only(lits, 1.4, 1.5, "cpp vexp_reduced log2(e)")[0],
                                     "ln2": hi + lo, "ln2_hi": hi}
-    out[("cpp", "vsilu")] = {"log2e": -only(literals(function_body(src, "cpp", "vsilu")), 1.4, 1.5,
-                                            "cpp vsilu -log2(e)")[0]}
+    out[("cpp", "vneg_log2e")] = {"log2e": -only(literals(function_body(src, "cpp", "vneg_log2e")), 1.4, 1.5,
+                                                 "cpp vneg_log2e -log2(e)")[0]}
     lits = literals(macro_body(src, "opencl", "EXP_BODY"))
     out[("opencl", "EXP_BODY")] = {"log2e": only(lits, 1.4, 1.5, "opencl EXP_BODY log2(e)")[0],
                                    "ln2": -only(lits, 0.69, 0.7, "opencl EXP_BODY -ln2")[0]}
@@ -238,7 +238,7 @@ MUTATIONS = [
     ("cuda", "0.044715f", "0.044716f"),
     ("cuda", "0.79788456080286536f", "0.79788456180286536f"),         # sqrt(2/pi)
     ("cpp", "-2.3022081981443252f", "-2.3022081991443252f"),
-    ("cpp", "x * vset(-1.44269504088896341f)", "x * vset(-1.44269504188896341f)"),  # log2(e), vsilu
+    ("cpp", "x * vset(-1.44269504088896341f)", "x * vset(-1.44269504188896341f)"),  # log2(e), vneg_log2e
     ("opencl", "-0.693147182464599609f", "-0.693147192464599609f"),   # ln2
     ("cpp", "vset(-2.12194440e-4f)", "vset(-2.12194441e-4f)"),        # ln2 lo
 ]

@@ -45,8 +45,7 @@ def fresh(tmp_path, monkeypatch, cl_ok):
     monkeypatch.setenv("TENSOR_OPS_OPENCL_CACHE", str(tmp_path / "clcache"))
     ocl._reset_for_tests()
     yield tmp_path / "clcache"
-    ocl._FAULT = None
-    ocl._HOST_MODE = None
+    ocl.set_host_mode(None)
     ocl._reset_for_tests()
 
 
@@ -112,7 +111,7 @@ VARIANTS = [(np.float32, "aligned"), (np.float32, "unaligned"), (np.float32, "st
 def test_kernels_all_variants(cl_ok, monkeypatch, shape, dtype, variant):
     """Every kernel in each storage variant (dtype.cl) against the fp64 oracle."""
     if variant == "streaming":     # the non-temporal-store kernels, normally for > 8 MiB
-        monkeypatch.setattr(ocl, "NT_MIN_BYTES", 0)
+        monkeypatch.setattr(ocl.launch, "NT_MIN_BYTES", 0)
     rng = np.random.default_rng(7)
     x = _host(shape, dtype, rng, variant == "unaligned")
     for name, (call, want) in _cases(x, rng).items():
@@ -128,13 +127,13 @@ def test_kernels_all_variants(cl_ok, monkeypatch, shape, dtype, variant):
 def test_row_kernels_cut_into_column_pieces(cl_ok, monkeypatch, dtype, variant):
     """CPU layout: with fewer rows than work-items the gated and rope kernels cut each row
     into ncut column pieces (the last one also does the scalar tail)."""
-    monkeypatch.setattr(ocl, "MIN_CUT_ELEMS", 16)
+    monkeypatch.setattr(ocl.launch, "MIN_CUT_ELEMS", 16)
     if variant == "streaming":
-        monkeypatch.setattr(ocl, "NT_MIN_BYTES", 0)
-    st = ocl._state()
+        monkeypatch.setattr(ocl.launch, "NT_MIN_BYTES", 0)
+    st = ocl.device.get()
     if st.cpu_layout:
-        assert ocl._row_grid2(st, 1030 // 8, 1030, 1)[1] > 1
-        assert ocl._row_grid(st, 3) == (3 * st.lws,)
+        assert ocl.launch.row_grid2(st, 1030 // 8, 1030, 1)[1] > 1
+        assert ocl.launch.row_grid(st, 3) == (3 * st.lws,)
     rng = np.random.default_rng(11)
     for shape in ((1, 1030), (3, 2060), (2, 4096), (5, 18)):
         x = _host(shape, dtype, rng, variant == "unaligned")
@@ -145,12 +144,12 @@ def test_row_kernels_cut_into_column_pieces(cl_ok, monkeypatch, dtype, variant):
 
 
 def test_copy_mode_and_buffer_pool(fresh):
-    ocl._HOST_MODE = "copy"
+    ocl.set_host_mode("copy")
     rng = np.random.default_rng(1)
     x = rng.standard_normal((6, 256)).astype(np.float32)
     w = np.ones(256, np.float32)
     y1 = ocl.rms_norm(x, w, 1e-6, None)
-    st = ocl._state()
+    st = ocl.device.get()
     assert st.pool.get(x.nbytes), "buffers go back to the pool after a call"
     pooled = list(st.pool[x.nbytes])
     y2 = ocl.rms_norm(x, w, 1e-6, None)
@@ -201,7 +200,7 @@ def test_supports_declines_what_it_cannot_run(cl_ok):
 
 def test_import_and_register_do_not_load_pyopencl():
     code = ("import sys; import tensor_ops.backends.opencl as m; "
-            "from tensor_ops._registry import OpRegistry; m.register(OpRegistry()); "
+            "from tensor_ops._registry import OpRegistry; m.BACKEND.register(OpRegistry()); "
             "print('pyopencl' in sys.modules)")
     r = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True,
                        timeout=120)
@@ -233,7 +232,7 @@ def test_pyopencl_arrays_stay_on_device(cl_ok):
 def test_pyopencl_array_from_foreign_context(cl_ok):
     import pyopencl as cl
     import pyopencl.array as cla
-    dev = ocl._state().device
+    dev = ocl.device.get().device
     ctx = cl.Context([dev])
     q = cl.CommandQueue(ctx)
     x = np.random.default_rng(4).standard_normal((3, 33)).astype(np.float32)
@@ -246,7 +245,7 @@ def test_pyopencl_array_from_foreign_context(cl_ok):
 def test_device_env_selection(cl_ok, monkeypatch):
     monkeypatch.setenv("TENSOR_OPS_OPENCL_DEVICE", "0:0")
     d = ocl.select_device()
-    assert d.name == ocl._all_devices()[0][2].name
+    assert d.name == ocl.all_devices()[0][2].name
     monkeypatch.setenv("TENSOR_OPS_OPENCL_DEVICE", d.name.strip()[-6:].lower())
     assert ocl.select_device().name == d.name
     monkeypatch.setenv("TENSOR_OPS_OPENCL_DEVICE", "no-such-device-xyz")
@@ -264,6 +263,8 @@ def test_get_opencl_info(cl_ok):
     info = ocl.get_opencl_info()
     assert info["available"] is True
     assert info["platforms"] and info["platforms"][0]["devices"]
+    assert info["array_kinds"] == ["numpy", "torch-cpu", "pyopencl"] and info["device_only"] is True
+    assert info["ops"] == sorted(ocl.BACKEND.ops) and info["module"] == "tensor_ops.backends.opencl"
     ch = info["chosen"]
     assert ch["name"] and ch["local_size"] >= 1 and "cl_khr_fp16" in ch
     assert set(ch["programs"]) == set(ocl.FAMILIES)
@@ -273,8 +274,8 @@ def test_get_opencl_info(cl_ok):
 
 # ----------------------------------------------------------------------------- binary cache
 def test_corrupt_cache_entry_is_rebuilt_not_loaded(fresh):
-    ocl._state()
-    assert ocl._STATS["builds"] == len(ocl.FAMILIES)
+    ocl.device.get()
+    assert ocl.state.STATS["builds"] == len(ocl.FAMILIES)
     files = sorted(fresh.glob("*.bin"))
     assert len(files) == len(ocl.FAMILIES)
     victim = files[0]
@@ -282,29 +283,29 @@ def test_corrupt_cache_entry_is_rebuilt_not_loaded(fresh):
     blob[-100] ^= 0xFF          # flip a byte of the payload: the hash no longer matches
     victim.write_bytes(bytes(blob))
     ocl._reset_for_tests()
-    ocl._state()
-    assert ocl._STATS["corrupt"] == 1
-    assert ocl._STATS["builds"] == 1 and ocl._STATS["hits"] == len(ocl.FAMILIES) - 1
+    ocl.device.get()
+    assert ocl.state.STATS["corrupt"] == 1
+    assert ocl.state.STATS["builds"] == 1 and ocl.state.STATS["hits"] == len(ocl.FAMILIES) - 1
     x = np.random.default_rng(5).standard_normal((2, 12)).astype(np.float32)
     _check(ocl.silu(x, None), ref.silu(x), x, "silu")
     ocl._reset_for_tests()
-    ocl._state()                # the rebuilt entry is valid again
-    assert ocl._STATS["corrupt"] == 0 and ocl._STATS["hits"] == len(ocl.FAMILIES)
+    ocl.device.get()                # the rebuilt entry is valid again
+    assert ocl.state.STATS["corrupt"] == 0 and ocl.state.STATS["hits"] == len(ocl.FAMILIES)
 
 
 def test_truncated_cache_entry_is_rebuilt(fresh):
-    ocl._state()
+    ocl.device.get()
     victim = sorted(fresh.glob("*.bin"))[-1]
     victim.write_bytes(victim.read_bytes()[:20])
     ocl._reset_for_tests()
-    ocl._state()
-    assert ocl._STATS["corrupt"] == 1 and ocl._STATS["builds"] == 1
+    ocl.device.get()
+    assert ocl.state.STATS["corrupt"] == 1 and ocl.state.STATS["builds"] == 1
 
 
 _CHILD = ("import json, numpy as np; from tensor_ops.backends import opencl as m; "
           "ok, why = m.availability(); assert ok, why; "
           "y = m.rms_norm(np.ones((2, 8), np.float32), np.ones(8, np.float32), 1e-6, None); "
-          "print(json.dumps(dict(m._STATS, y=float(y.sum()))))")
+          "print(json.dumps(dict(m.state.STATS, y=float(y.sum()))))")
 
 
 def test_second_process_loads_from_cache_without_building(cl_ok, tmp_path):
@@ -379,12 +380,16 @@ def test_build_opencl_without_platform_exits_nonzero(cl_ok, monkeypatch, capsys)
 
 # ----------------------------------------------------------------------------- faults
 def test_injected_build_failure(fresh):
-    ocl._FAULT = "build"
-    ok, reason = ocl.availability()
-    assert not ok and "build log" in reason and "injected build failure" in reason
-    x = np.ones((2, 8), np.float32)
-    with pytest.raises(BackendError, match="building program"):
-        ocl.silu(x, None)
+    with ocl.BACKEND.inject_fault("build"):
+        ok, reason = ocl.availability()
+        assert not ok and "build log" in reason and "injected build failure" in reason
+        x = np.ones((2, 8), np.float32)
+        with pytest.raises(BackendError, match="building program"):
+            ocl.silu(x, None)
+    assert ocl.BACKEND.fault is None                      # the hook undoes itself
+    with pytest.raises(ValueError, match="injects faults"):
+        with ocl.BACKEND.inject_fault("launch"):          # not an OpenCL fault kind
+            pass
 
 
 @pytest.mark.parametrize("fault,match", [("device_lost", "DEVICE_NOT_AVAILABLE"),
@@ -394,29 +399,29 @@ def test_runtime_faults_fall_back_or_raise_in_strict(cl_ok, monkeypatch, fault, 
     x = np.random.default_rng(6).standard_normal((3, 16)).astype(np.float32)
     w = np.ones(16, np.float32)
     want = ref.rms_norm(x, w)
-    monkeypatch.setattr(ocl, "_HOST_MODE", mode)
-    monkeypatch.setattr(ocl, "_FAULT", fault)
-    with pytest.raises(BackendError, match=match) as ei:
-        ocl.rms_norm(x, w, 1e-6, None)
-    assert not isinstance(ei.value, (ValueError, TypeError))
-    # through the resolver: the NumPy reference answers (one warning per process and
-    # (op, impl)), and the failure with its reason shows in get_backend_info()
+    monkeypatch.setattr(ocl.state, "host_mode", mode)
+
     def failures():
         ops = to.get_backend_info()["ops"]
         return ops.get("rms_norm", {}).get("failures", {}).get("default.opencl", {"count": 0})
-    before = failures()["count"]
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        y = to.rms_norm(x, w, backend="opencl,numpy")
-    _check(y, want, x, "rms_norm")
-    fails = failures()
-    assert fails["count"] == before + 1 and match in fails["last_error"]
-    # strict: the failure is an error, not a silent fallback
-    monkeypatch.setenv("TENSOR_OPS_STRICT", "1")
-    to.reload_config()
-    with pytest.raises(BackendError, match=match):
-        to.rms_norm(x, w, backend="opencl,numpy")
-    monkeypatch.setattr(ocl, "_FAULT", None)
+    with ocl.BACKEND.inject_fault(fault):
+        with pytest.raises(BackendError, match=match) as ei:
+            ocl.rms_norm(x, w, 1e-6, None)
+        assert not isinstance(ei.value, (ValueError, TypeError))
+        # through the resolver: the NumPy reference answers (one warning per process and
+        # (op, impl)), and the failure with its reason shows in get_backend_info()
+        before = failures()["count"]
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            y = to.rms_norm(x, w, backend="opencl,numpy")
+        _check(y, want, x, "rms_norm")
+        fails = failures()
+        assert fails["count"] == before + 1 and match in fails["last_error"]
+        # strict: the failure is an error, not a silent fallback
+        monkeypatch.setenv("TENSOR_OPS_STRICT", "1")
+        to.reload_config()
+        with pytest.raises(BackendError, match=match):
+            to.rms_norm(x, w, backend="opencl,numpy")
     _check(ocl.rms_norm(x, w, 1e-6, None), want, x, "rms_norm")   # recovers afterwards
 
 
@@ -475,23 +480,51 @@ def test_layer_norm_special_rows(cl_ok):
 
 
 def test_rebuild_drops_stale_entries_of_the_same_device(fresh):
-    st = ocl._state()
-    tag = sorted(fresh.glob("norms-*.bin"))[0].name.split("-")[1]
-    stale = fresh / f"norms-{tag}-{'0' * 24}.bin"
-    other = fresh / f"norms-{'f' * 12}-{'0' * 24}.bin"     # another device: kept
-    legacy = fresh / f"norms-{'a' * 32}.bin"                 # pre-release naming: dropped
-    for f in (stale, other, legacy):
+    st = ocl.device.get()
+    tag = sorted(fresh.glob("norm-*.bin"))[0].name.split("-")[1]
+    stale = fresh / f"norm-{tag}-{'0' * 24}.bin"
+    other = fresh / f"norm-{'f' * 12}-{'0' * 24}.bin"     # another device: kept
+    legacy = fresh / f"norm-{'a' * 32}.bin"                 # pre-release naming: dropped
+    renamed = fresh / f"norms-{tag}-{'0' * 24}.bin"          # a family before the rename: dropped
+    renamed_other = fresh / f"norms-{'f' * 12}-{'0' * 24}.bin"   # ... of another device: kept
+    for f in (stale, other, legacy, renamed, renamed_other):
         f.write_bytes(b"old")
-    ocl.load_program(st.ctx, st.device, "norms", force_build=True)
+    ocl.load_program(st.ctx, st.device, "norm", force_build=True)
     assert not stale.exists() and not legacy.exists() and other.exists()
-    assert len(list(fresh.glob(f"norms-{tag}-*.bin"))) == 1
+    assert not renamed.exists() and renamed_other.exists()
+    assert len(list(fresh.glob(f"norm-{tag}-*.bin"))) == 1
+    assert {p.name.split("-")[0] for p in fresh.glob(f"*-{tag}-*.bin")} == set(ocl.FAMILIES)
+
+
+def test_cache_key_follows_the_source(cl_ok):
+    """An edited (or renamed) source never loads an old binary: the file name hashes the
+    full program text and the build options."""
+    dev = ocl.device.get().device
+    src = ocl.program_source("norm")
+    opts = ocl.build_options(dev)
+    path = ocl.cache_path(dev, "norm", src, opts)
+    assert path.name.startswith(f"norm-{ocl.programs.device_tag(dev)}-")
+    assert ocl.cache_path(dev, "norm", src.replace("to_", "xx_"), opts) != path
+    assert ocl.cache_path(dev, "norm", src, opts + " -DX=1") != path
+
+
+def test_every_kernel_carries_the_one_prefix(cl_ok):
+    """Every program exports exactly to_<kernel><storage> for the kernels the host launches."""
+    import pyopencl as cl
+    st = ocl.device.get()
+    exported = set()
+    for prg in st.programs.values():
+        exported |= set(prg.get_info(cl.program_info.KERNEL_NAMES).split(";"))
+    want = {f"to_{k}{s}" for k in ocl.programs.KERNELS for s in ("_f32a", "_f32", "_f16", "_f32n")}
+    assert exported == want
+    assert {fam for fam, _ in ocl.programs.KERNELS.values()} == set(ocl.FAMILIES) == set(st.programs)
 
 
 def test_gpu_layout_and_copy_mode_on_this_device(fresh, monkeypatch):
     """The GPU code path (strided loops, local size 64, pooled copies) computed here."""
     monkeypatch.setenv("TENSOR_OPS_OPENCL_LAYOUT", "gpu")
     monkeypatch.setenv("TENSOR_OPS_OPENCL_LWS", "64")
-    monkeypatch.setattr(ocl, "_HOST_MODE", "copy")
+    monkeypatch.setattr(ocl.state, "host_mode", "copy")
     assert "-DCPU_LAYOUT=0" in ocl.build_options(ocl.select_device())
     rng = np.random.default_rng(9)
     for dtype, misalign in ((np.float32, False), (np.float32, True), (np.float16, False)):
@@ -499,4 +532,4 @@ def test_gpu_layout_and_copy_mode_on_this_device(fresh, monkeypatch):
             x = _host(shape, dtype, rng, misalign)
             for name, (call, want) in _cases(x, rng).items():
                 _check(call(None), want, x, name)
-    assert ocl._state().lws == 64
+    assert ocl.device.get().lws == 64

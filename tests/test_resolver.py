@@ -198,7 +198,7 @@ def test_forced_backend_that_declines_the_dtype_is_an_error(how, monkeypatch, is
             call()
         msg = str(err.value)
         assert "'silu'" in msg and "'cpp' was forced" in msg and "float64" in msg
-        assert "dtypes ['float16', 'float32']" in msg and "TENSOR_OPS_FALLBACK_BACKEND" in msg
+        assert "dtypes ['float16', 'bfloat16', 'float32']" in msg and "TENSOR_OPS_FALLBACK_BACKEND" in msg
     finally:
         to.set_backend(None)
 

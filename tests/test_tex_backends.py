@@ -352,11 +352,11 @@ def test_env_fallback_backend_then_reference():
         from tensor_ops.backends import cpp
         x = torch.randn(4, 8)
         tex.layernorm_fwd(x, torch.ones(8), torch.zeros(8), 1e-5, None, None, None, 0, False)
-        tex.dgelu(x, x, None)
+        tex.clamped_dswiglu(x[:, :4], x, None)     # neither acme nor cpp has it
         info = tensor_ops.get_manager().op_info()
         print('CPP', cpp.availability()[0])
         print('LN', info['layernorm_fwd']['calls'])
-        print('DGELU', info['dgelu']['calls'])
+        print('DGELU', info['clamped_dswiglu']['calls'])
     """, TE_FL_PLUGIN_MODULES="example_tex_backend", TE_BACKEND="acme", TE_FALLBACK_BACKEND="cpp")
     assert r.returncode == 0, r.stderr
     ln = "LN {'default.cpp': 1}" if "CPP True" in r.stdout else "LN {'reference.torch': 1}"

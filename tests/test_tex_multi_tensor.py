@@ -93,9 +93,10 @@ def test_adam_no_bias_correction():
     assert p[0].item() == pytest.approx(1 - 0.1 * 0.2 / math.sqrt(0.004), rel=1e-5)
 
 
+@pytest.mark.parametrize("backend", T.backends_for("multi_tensor_sgd"))
 @pytest.mark.parametrize("nesterov", [False, True])
 @pytest.mark.parametrize("wd", [0.0, 1e-2])
-def test_fused_sgd_arg_order_vs_torch(nesterov, wd):
+def test_fused_sgd_arg_order_vs_torch(nesterov, wd, backend):
     """TE's FusedSGD: (wd, momentum, dampening, lr, nesterov, first_run, wd_after_momentum, 1/scale)."""
     lr, momentum, dampening = 0.05, 0.9, 0.0
     ref = [p.clone().requires_grad_(True) for p in _params()]
@@ -109,8 +110,9 @@ def test_fused_sgd_arg_order_vs_torch(nesterov, wd):
         for p, g in zip(ref, gs):
             p.grad = g.clone()
         opt.step()
-        multi_tensor_applier(tex.multi_tensor_sgd, noop, [gs, params, bufs], wd, momentum, dampening, lr, nesterov,
-                             step == 1, False, 1.0)
+        with T.forced(backend):
+            multi_tensor_applier(tex.multi_tensor_sgd, noop, [gs, params, bufs], wd, momentum, dampening, lr, nesterov,
+                                 step == 1, False, 1.0)
     for p, r in zip(params, ref):
         torch.testing.assert_close(p, r.detach(), rtol=1e-5, atol=1e-6)
 

@@ -43,7 +43,9 @@ HEADER = "common.cuh"
 DEFAULT_FATBIN = PROJECT_ROOT / "tensor_ops" / "_cuda_kernels.fatbin"
 MIN_SM = 75
 
-# One extern "C" kernel per (op, dtype); tensor_ops/backends/cuda.py launches these names.
+# One extern "C" kernel per (op, dtype), named to_<op>_<dtype> (SYMBOL_PREFIX: the project's one
+# kernel symbol prefix, shared with opencl_ext/); tensor_ops/backends/cuda/ launches these names.
+SYMBOL_PREFIX = "to_"
 KERNEL_OPS = ("rms_norm", "layer_norm", "softmax", "silu", "relu", "gelu", "gelu_tanh",
               "swiglu", "geglu", "geglu_tanh", "rope")
 DTYPE_SUFFIXES = ("f32", "f16", "bf16")
@@ -54,7 +56,7 @@ class CudaBuildError(RuntimeError):
 
 
 def kernel_symbols() -> list[str]:
-    return [f"{op}_{s}" for op in KERNEL_OPS for s in DTYPE_SUFFIXES]
+    return [f"{SYMBOL_PREFIX}{op}_{s}" for op in KERNEL_OPS for s in DTYPE_SUFFIXES]
 
 
 def source_files(src_dir: Path = SOURCE_DIR) -> list[Path]:
@@ -209,7 +211,7 @@ def build_fatbin(output: Path = DEFAULT_FATBIN, archs: list[int] | None = None,
     }
     log(f"build_cuda: wrote {output} ({output.stat().st_size} bytes, "
         f"{len(archs)} SASS archs + PTX compute_{ptx}) in {seconds:.1f}s")
-    # Sidecar read by the runtime (tensor_ops/backends/cuda.py): archs and the source hash
+    # Sidecar read by the runtime (tensor_ops/backends/cuda/module.py): archs and the source hash
     # tell it whether the fatbin can serve this GPU or is stale.
     sidecar = Path(str(output) + ".json")
     jsonfile.atomic_write(sidecar, info)

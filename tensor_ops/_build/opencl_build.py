@@ -46,7 +46,7 @@ def build(force: bool = False, log=print) -> int:
     from tensor_ops.backends import opencl as ocl
 
     try:
-        devices = ocl._all_devices()
+        devices = ocl.all_devices()
     except cl.Error as exc:
         devices, why = [], str(exc)
     else:

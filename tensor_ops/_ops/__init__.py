@@ -54,6 +54,21 @@ TEX_OPS = tuple(
         "multi_tensor_adam", "multi_tensor_sgd",
         "dropout_fwd", "dropout_bwd",
         "get_fused_attn_backend",
+        # TE 2.20's ops that need no FP8 (issue 16)
+        "multi_tensor_scale_tensor", "multi_tensor_compute_scale_and_scale_inv",
+        "multi_tensor_compute_scale_inv_e8m0", "multi_tensor_adam_capturable",
+        "multi_tensor_adam_capturable_master",
+        "fused_qkv_rope_forward", "fused_qkv_rope_backward",
+        "moe_permute_fwd", "moe_permute_bwd", "moe_unpermute_fwd", "moe_unpermute_bwd",
+        "fused_topk_with_score_function_fwd", "fused_topk_with_score_function_bwd",
+        "fused_score_for_moe_aux_loss_fwd", "fused_score_for_moe_aux_loss_bwd",
+        "fused_moe_aux_loss_fwd", "fused_moe_aux_loss_bwd",
+        "fused_multi_row_padding", "fused_multi_row_unpadding", "splits_to_offsets",
+        "thd_read_half_tensor", "thd_second_half_lse_correction", "thd_read_second_half_lse",
+        "thd_out_correction", "thd_grad_correction", "thd_get_partitioned_indices",
+        "thd_sequence_order_to_cp_rank_order", "thd_cp_rank_order_to_sequence_order",
+        "thd_copy_valid_tokens_from_per_split_to_rank_local", "convert_thd_to_bshd", "convert_bshd_to_thd",
+        "te_general_grouped_gemm",
     ]
 )
 

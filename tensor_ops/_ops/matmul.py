@@ -22,13 +22,16 @@ def matmul(a, b):
 def _prepare(a, b, out):
     ka, da = check_x(a, "a")
     kb, db = check_x(b, "b")
-    same_place(b, kb, a, ka, "b")
+    same_place(b, kb, a, ka, "b", "a")
     k_a = a.shape[-1]
     k_b = b.shape[-2] if b.ndim >= 2 else b.shape[0]
     if k_a != k_b:
         raise ValueError(f"matmul: a.shape {tuple(a.shape)} and b.shape {tuple(b.shape)} are not compatible: "
                          f"a.shape[-1] = {k_a} must equal b.shape[-2] = {k_b}")
-    dt = np.result_type(da, db)
+    try:
+        dt = np.result_type(da, db)
+    except TypeError:       # bfloat16 with float16: NumPy has no common type; compute in float32
+        dt = np.dtype(np.float32)
     try:
         shape = np.broadcast_shapes(tuple(a.shape[:-2]), tuple(b.shape[:-2])) + \
             ((a.shape[-2],) if a.ndim >= 2 else ()) + ((b.shape[-1],) if b.ndim >= 2 else ())

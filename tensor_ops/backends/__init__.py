@@ -1,6 +1,7 @@
-"""Built-in backends, one module each, named by the backend (the name rule, CONTRIBUTING.md):
-``numpy``, ``cpp``, ``opencl``, ``cuda``. Each defines its op functions under the op names
-and a ``BACKEND`` (:class:`~tensor_ops.backends._contract.Backend`), registered by
+"""Built-in backends, one module or package each, named by the backend (the name rule,
+CONTRIBUTING.md): ``numpy``, ``cpp``, ``opencl/``, ``cuda/`` and ``cupy`` (the CuPy
+reference: float64 and matmul on device arrays). Each defines its op functions under the op
+names and a ``BACKEND`` (:class:`~tensor_ops.backends._contract.Backend`), registered by
 :func:`~tensor_ops.backends._contract.register_backend` exactly like a plugin's. Importing
 them is cheap: toolkits (cupy, pyopencl) and native modules are loaded by the backend's
 probe, the first time an order reaches it.
@@ -15,9 +16,12 @@ from ._contract import Backend, register_backend
 
 log = logging.getLogger("tensor_ops")
 
-#: registration order (the default *order* is BUILTIN_BACKENDS, fastest first)
-BUILTIN_NAMES = ("numpy", "cpp", "opencl", "cuda")
-assert set(BUILTIN_NAMES) == set(BUILTIN_BACKENDS)
+#: registration order (the default *order* is BUILTIN_BACKENDS, fastest first; references,
+#: "numpy" and "cupy", come after every other impl of an op whatever the order says)
+BUILTIN_NAMES = ("numpy", "cpp", "opencl", "cuda", "cupy")
+#: built-in references that are not in the default order (they serve only what the others don't)
+EXTRA_REFERENCES = ("cupy",)
+assert set(BUILTIN_NAMES) == set(BUILTIN_BACKENDS) | set(EXTRA_REFERENCES)
 
 
 def load_builtin(name: str):
@@ -41,13 +45,9 @@ def register_builtins(registry) -> dict:
                 out[name] = "not shipped in this version"
                 continue
             backend = getattr(mod, "BACKEND", None)
-            if isinstance(backend, Backend):
-                register_backend(registry, backend)
-            else:               # a backend not yet on the contract registers itself
-                mod.register(registry)
-                for impl in registry.all_impls():
-                    if impl.backend == name and impl.api == "facade":
-                        impl.host_arrays = getattr(mod, "HOST_ARRAYS", "always")
+            if not isinstance(backend, Backend):
+                raise TypeError(f"tensor_ops.backends.{name} defines no BACKEND (a _contract.Backend)")
+            register_backend(registry, backend)
             out[name] = mod
         except Exception as exc:  # a broken backend module must not break the others
             log.warning("tensor_ops: backend %r failed to register: %s: %s", name, type(exc).__name__, exc)

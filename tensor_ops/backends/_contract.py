@@ -15,7 +15,10 @@ with optional slots are the models):
 
 - ``ops``: op → callable, taken from the module by the name rule (``ops_from(module)``);
 - ``array_kinds``: the array kinds it serves ('numpy', 'torch-cpu', 'torch-cuda', 'cupy',
-  'pyopencl'), shown by ``get_backend_info()``;
+  'pyopencl', or 'torch-<device type>' for a plugin serving torch tensors on another device,
+  e.g. 'torch-mps'), shown by ``get_backend_info()``. A torch CPU call reaches the backends
+  declaring 'torch-cpu' as zero-copy NumPy views; a torch tensor on another device reaches
+  those declaring 'torch-<device>' as the tensor itself;
 - ``device_only``: host (NumPy) arrays are served only when an order names the backend (a
   device backend would copy them to a device nobody asked for);
 - ``probe``: decides availability once (import the toolkit, find the device, run a probe
@@ -115,9 +118,10 @@ class Backend:
     def __post_init__(self) -> None:
         self.name = self.name.lower()
         self.kind = BackendImplKind(self.kind)
-        bad = [k for k in self.array_kinds if k not in ARRAY_KINDS]
+        bad = [k for k in self.array_kinds if k not in ARRAY_KINDS and not k.startswith("torch-")]
         if bad:
-            raise ValueError(f"Backend {self.name!r}: unknown array kinds {bad}; accepted: {list(ARRAY_KINDS)}")
+            raise ValueError(f"Backend {self.name!r}: unknown array kinds {bad}; accepted: {list(ARRAY_KINDS)} "
+                             f"or 'torch-<device type>' (e.g. 'torch-mps')")
         self.availability = Availability(self.probe)
 
     # -- the name rule --------------------------------------------------------------------

@@ -17,6 +17,7 @@ from typing import Any
 
 import numpy as np
 
+from .._arrays import is_bf16
 from .._ops import KERNEL_OPS
 from ._contract import Backend, PlainEntry, Unavailable
 
@@ -126,13 +127,13 @@ def _stub(op: str):
 
 
 def _supports(x, *rest) -> bool:
-    # Host NumPy arrays of native float32/float16 only (float64 goes to the reference); the
+    # Host NumPy arrays of native float32/float16/bfloat16 only (float64 goes to the reference); the
     # facade already made them 2-D and C-contiguous. Identity first: the builtin dtype
     # singletons are what nearly every array carries, and `is` costs nothing.
     if type(x) is not _ndarray:
         return False
     d = x.dtype
-    return d is _F32 or d is _F16 or d in _DTYPES
+    return d is _F32 or d is _F16 or d in _DTYPES or is_bf16(d)
 
 
 _ndarray = np.ndarray
@@ -146,7 +147,8 @@ def info() -> dict:
 
 
 BACKEND = Backend(name="cpp", ops={op: _stub(op) for op in KERNEL_OPS}, probe=_probe_backend,
-                  array_kinds=("numpy",), dtypes=("float16", "float32"), supports=_supports, info=info)
+                  array_kinds=("numpy", "torch-cpu"), dtypes=("float16", "bfloat16", "float32"), supports=_supports,
+                  info=info)
 BACKEND.availability.on_ok.append(_bind_native)
 
 

@@ -1,13 +1,16 @@
-"""The NumPy reference backend: always available, every op, float16/32/64.
+"""The NumPy reference backend: always available, every op, float16/bfloat16/float32/float64.
 
 Registered like every other backend (kind REFERENCE, impl_id ``reference.numpy``), so it is
-the last fallback of every order. fp16 storage is computed in fp32 (as the native backends
-do); float32 in float32; float64 in float64. ``matmul`` is NumPy's, i.e. BLAS.
+the last fallback of every order. 16-bit storage (float16, ml_dtypes bfloat16) is computed in
+fp32 and rounded once (as the native backends do); float32 in float32; float64 in float64.
+``matmul`` is NumPy's, i.e. BLAS (bfloat16 through float32). It serves NumPy arrays and
+torch CPU tensors (the facade hands it zero-copy NumPy views of those).
 """
 from __future__ import annotations
 
 import numpy as np
 
+from .._arrays import is_bf16
 from .._registry import BackendImplKind
 from ._contract import Backend, ops_from
 
@@ -21,7 +24,7 @@ except ImportError:  # pragma: no cover - scipy is a dependency; keep a correct 
 
 
 def _work(x: np.ndarray) -> np.ndarray:
-    return x.astype(np.float32) if x.dtype == np.float16 else x
+    return x.astype(np.float32) if x.dtype.itemsize == 2 else x
 
 
 def _finish(y: np.ndarray, dtype, out):
@@ -88,6 +91,8 @@ def silu(x, out):
 
 
 def relu(x, out):
+    if x.dtype.itemsize == 2 and x.dtype != np.float16:     # bfloat16: ml_dtypes' maximum drops NaN
+        return _finish(np.maximum(_work(x), np.float32(0)), x.dtype, out)
     if out is None:
         return np.maximum(x, x.dtype.type(0))
     np.maximum(x, x.dtype.type(0), out=out)
@@ -126,6 +131,8 @@ def rope(x, cos, sin, interleaved, out):
 
 
 def matmul(a, b, out):
+    if is_bf16(a.dtype):     # ml_dtypes' matmul is an object-speed loop: BLAS in float32, rounded once
+        return _finish(np.matmul(a.astype(np.float32), b.astype(np.float32)), a.dtype, out)
     return np.matmul(a, b, out=out)
 
 
@@ -142,7 +149,8 @@ def info() -> dict:
 
 
 BACKEND = Backend(name="numpy", ops=ops_from(globals()), probe=_probe, kind=BackendImplKind.REFERENCE,
-                  array_kinds=("numpy",), dtypes=("float16", "float32", "float64"), supports=_supports_host, info=info)
+                  array_kinds=("numpy", "torch-cpu"), dtypes=("float16", "bfloat16", "float32", "float64"),
+                  supports=_supports_host, info=info)
 
 
 def get_numpy_info() -> dict:

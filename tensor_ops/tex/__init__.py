@@ -26,20 +26,26 @@ except ImportError as _exc:  # pragma: no cover - exercised by a subprocess test
 
 from tensor_ops import _global
 
-from . import _activations, _dropout, _gemm, _misc, _multi_tensor, _norms, _rope, _softmax
+from . import (_activations, _dropout, _gemm, _grouped_gemm, _misc, _moe, _multi_tensor, _norms, _rope, _softmax,
+               _thd, _unsupported)
 from ._activations import *  # noqa: F401,F403
-from ._backends import (TEXBackendBase, get_backend, list_backends, register_backend, set_backend,
+from ._backends import (TEXBackendBase, get_backend, list_backends, register_backend, set_backend,  # noqa: F401
                         unregister_backend, use_backend)
 from ._dropout import *  # noqa: F401,F403
 from ._enums import *  # noqa: F401,F403
 from ._enums import __all__ as _enum_names
 from ._gemm import *  # noqa: F401,F403
+from ._grouped_gemm import *  # noqa: F401,F403
+from ._moe import *  # noqa: F401,F403
+from ._thd import *  # noqa: F401,F403
+from ._unsupported import *  # noqa: F401,F403
 from ._misc import *  # noqa: F401,F403
 from ._multi_tensor import *  # noqa: F401,F403
 from ._norms import *  # noqa: F401,F403
 from ._register import manager as _manager
 from ._rope import *  # noqa: F401,F403
 from ._softmax import *  # noqa: F401,F403
+from ._te import import_transformer_engine, load_plugins  # noqa: F401
 
 _TENSOR_OPS_TEX = True
 _MODULE_NAME = "transformer_engine_torch"
@@ -79,9 +85,10 @@ def uninstall() -> bool:
 
 __all__ = sorted(
     list(_enum_names) + _activations.__all__ + _dropout.__all__ + _gemm.__all__ + _misc.__all__
-    + _multi_tensor.__all__ + _norms.__all__ + _rope.__all__ + _softmax.__all__
+    + _multi_tensor.__all__ + _norms.__all__ + _rope.__all__ + _softmax.__all__ + _grouped_gemm.__all__
+    + _moe.__all__ + _thd.__all__ + _unsupported.__all__
     + ["TEXBackendBase", "register_backend", "unregister_backend", "list_backends", "set_backend",
-       "get_backend", "use_backend", "install", "uninstall"])
+       "get_backend", "use_backend", "install", "uninstall", "load_plugins", "import_transformer_engine"])
 
 
 # Register tex's impls now, unless the global manager is being built on this thread (a plugin

@@ -146,7 +146,7 @@ def _ref_dbias(name):
 
     def fn(grad, fwd_input, quantizer):
         gi = dfn(grad, fwd_input, None)
-        return [rows_2d(gi).float().sum(0).to(grad.dtype), gi]
+        return [rows_2d(gi).sum(0, dtype=torch.float32).to(grad.dtype), gi]
     return fn
 
 
@@ -175,7 +175,7 @@ def ref_clamped_dswiglu(grad, fwd_input, quantizer, limit=7.0, alpha=1.702, glu_
 
 @reference("bgrad_quantize")
 def ref_bgrad_quantize(input, quantizer):
-    return [rows_2d(input).float().sum(0).to(input.dtype), input]
+    return [rows_2d(input).sum(0, dtype=torch.float32).to(input.dtype), input]
 
 
 for _n in PLAIN_OPS:

@@ -10,6 +10,7 @@ and probes the module once) and checks that the kernel an adapter needs exists.
 from __future__ import annotations
 
 import math
+from typing import Any, Callable
 
 import torch
 
@@ -133,7 +134,7 @@ def layernorm_bwd(dz, x, mu, rsigma, gamma, sm_margin, zero_centered_gamma):
     return [dx, dg, db]
 
 
-# ---------------------------------------------------------------- activations, softmax
+# ---------------------------------------------------------------- activations
 
 def _sup_act(input, quantizer):
     return _plain(input)
@@ -155,18 +156,6 @@ def _glu(kernel, **extra):
     return fn
 
 
-def _sup_softmax(input, scale):
-    # the kernel has no scale: 16-bit logits scaled in their own dtype would round (TE scales in fp32)
-    return _plain(input) and (scale == 1.0 or input.dtype is _F32)
-
-
-def scaled_softmax_forward(input, scale):
-    x = input if scale == 1.0 else torch.mul(input, scale)
-    out = _empty_like(input)
-    _native().softmax(_np(x), out=_np(out), dtype=_kw(input))
-    return out
-
-
 # ---------------------------------------------------------------- multi-tensor
 
 def _flat(t):
@@ -183,10 +172,7 @@ def _sup_adam(chunk, noop, lists, lr, b1, b2, eps, step, mode, bc, wd):
     for i, (g, p, m, v) in enumerate(zip(*lists[:4])):
         if not (_plain(g) and _plain(p) and _plain(m, _F32) and _plain(v, _F32)):
             return False
-        if master is None:
-            if p.dtype is not _F32:
-                return False
-        elif not _plain(master[i], _F32):
+        if master is not None and not _plain(master[i], _F32):
             return False
         if not _no_fp16_bf16_mix(g, p):
             return False
@@ -251,10 +237,142 @@ def multi_tensor_unscale_l2norm(chunk_size, noop_flag, tensor_lists, inv_scale, 
     return _l2(noop_flag, tensor_lists[0], per_tensor, s * s)
 
 
+# ---------------------------------------------------------------- training: activation derivatives
+
+_DACT = {"gelu": "gelu", "silu": "silu", "relu": "relu", "qgelu": "qgelu", "srelu": "srelu"}
+_DGLU = {"geglu": "gelu", "swiglu": "silu", "reglu": "relu", "qgeglu": "qgelu", "sreglu": "srelu", "glu": "sigmoid"}
+
+
+def _sup_dact(grad, fwd_input, quantizer):
+    return _plain(fwd_input) and _plain(grad, fwd_input.dtype)
+
+
+def _dact(kind):
+    def fn(grad, fwd_input, quantizer):
+        k = _native()
+        out = _empty_like(fwd_input)
+        k.dact(_np(grad), _np(fwd_input), _np(out), k.DACT_CODES[kind], dtype=_kw(fwd_input))
+        return out
+    return fn
+
+
+def _dbias_dact(kind):
+    def fn(grad, fwd_input, quantizer):
+        k = _native()
+        out = _empty_like(fwd_input)
+        h = fwd_input.shape[-1]
+        db = torch.zeros(h, dtype=_F32)
+        k.dact(_np(grad), _np(fwd_input), _np(out), k.DACT_CODES[kind], dbias=db.numpy(), dtype=_kw(fwd_input))
+        return [db.to(grad.dtype), out]
+    return fn
+
+
+def _dglu(kind):
+    def fn(grad, fwd_input, quantizer):
+        k = _native()
+        out = _empty_like(fwd_input)
+        k.dglu(_np(grad), _np(fwd_input), _np(out), k.DACT_CODES[kind], dtype=_kw(fwd_input))
+        return out
+    return fn
+
+
+# ---------------------------------------------------------------- training: TE's softmax family
+
+_SM_PLAIN, _SM_MASK, _SM_CAUSAL = 0, 1, 2
+
+
+def _softmax_run(x, mode, scale, mask=None, heads=1, sq=1, causal_off=0):
+    out = _empty_like(x)
+    _native().tex_softmax(_np(x), _np(out), scale, mode, mask, heads, sq, causal_off, dtype=_kw(x))
+    return out
+
+
+def _sup_sm(input, scale):
+    return _plain(input)
+
+
+def tex_scaled_softmax_forward(input, scale):
+    return _softmax_run(input, _SM_PLAIN, scale)
+
+
+def _sup_masked(input, mask, scale):
+    return _plain(input) and mask.device.type == "cpu" and mask.is_contiguous() and \
+        mask.dtype in (torch.uint8, torch.bool)
+
+
+def scaled_masked_softmax_forward(input, mask, scale):
+    b, h, sq, sk = input.shape
+    m = mask.view(torch.uint8) if mask.dtype is torch.bool else mask
+    return _softmax_run(input, _SM_MASK, scale, m.detach().numpy(), heads=h, sq=sq)
+
+
+def scaled_upper_triang_masked_softmax_forward(input, scale):
+    return _softmax_run(input, _SM_CAUSAL, scale, sq=input.shape[1])
+
+
+def scaled_aligned_causal_masked_softmax_forward(input, scale):
+    sq, sk = input.shape[-2:]
+    return _softmax_run(input, _SM_CAUSAL, scale, sq=sq, causal_off=sk - sq)
+
+
+def _sup_sm_bwd(dy, y, scale):
+    return _plain(y) and _plain(dy, y.dtype)
+
+
+def scaled_softmax_backward(output_grads, softmax_results, scale):
+    out = _empty_like(softmax_results)
+    _native().tex_softmax_bwd(_np(output_grads), _np(softmax_results), _np(out), scale, dtype=_kw(softmax_results))
+    return out
+
+
+# ---------------------------------------------------------------- training: fused RoPE
+
+
+def _sup_rope(x, freqs, start_positions, qkv_format, interleaved, cu_seqlens, cp_size, cp_rank):
+    return _plain(x) and freqs.device.type == "cpu"
+
+
+def _rope(transpose):
+    def fn(x, freqs, start_positions, qkv_format, interleaved, cu_seqlens, cp_size, cp_rank):
+        from ._rope import _positions
+        d2 = freqs.shape[-1]
+        f = freqs.reshape(freqs.shape[0], d2).float()
+        pos = _positions(x, qkv_format, start_positions, cu_seqlens, cp_size, cp_rank)
+        pos = pos.contiguous().reshape(-1).to(torch.int64)
+        heads = x.shape[-2]
+        out = _empty_like(x)
+        _native().tex_rope(_np(x), torch.cos(f).numpy(), torch.sin(f).numpy(), pos.numpy(), _np(out), heads,
+                           bool(interleaved), transpose, dtype=_kw(x))
+        return out
+    return fn
+
+
+# ---------------------------------------------------------------- training: SGD
+
+
+def _sup_sgd(chunk, noop, lists, wd, momentum, dampening, lr, nesterov, first_run, wd_after, scale):
+    if len(lists) != 3:   # the fp16 model copies of a 4th list: the reference
+        return False
+    for g, p, b in zip(*lists):
+        if not (_plain(p) and _plain(g, p.dtype) and _plain(b, p.dtype)):
+            return False
+    return True
+
+
+def multi_tensor_sgd(chunk_size, noop_flag, tensor_lists, wd, momentum, dampening, lr, nesterov, first_run,
+                     wd_after_momentum, scale):
+    if bool(noop_flag.reshape(-1)[0] != 0):
+        return
+    k = _native().sgd_step
+    for g, p, b in zip(*tensor_lists):
+        k(_flat(g), _flat(p), _flat(b), wd, momentum, dampening, lr, nesterov, first_run, wd_after_momentum, scale,
+          dtype=_kw(p))
+
+
 # ---------------------------------------------------------------- registration
 
 #: tex op → (adapter, supports, native function it needs)
-ADAPTERS = {
+ADAPTERS: dict[str, tuple[Callable[..., Any], Callable[..., bool], str]] = {
     "rmsnorm_fwd": (rmsnorm_fwd, _sup_rms_fwd, "rms_norm"),
     "layernorm_fwd": (layernorm_fwd, _sup_ln_fwd, "layer_norm"),
     "rmsnorm_bwd": (rmsnorm_bwd, _sup_rms_bwd, "rms_norm_bwd"),
@@ -265,11 +383,25 @@ ADAPTERS = {
     "relu": (_unary("relu"), _sup_act, "relu"),
     "swiglu": (_glu("swiglu"), _sup_act, "swiglu"),
     "geglu": (_glu("geglu", approximate="tanh"), _sup_act, "geglu"),
-    "scaled_softmax_forward": (scaled_softmax_forward, _sup_softmax, "softmax"),
+    "scaled_softmax_forward": (tex_scaled_softmax_forward, _sup_sm, "tex_softmax"),
     "multi_tensor_adam": (multi_tensor_adam, _sup_adam, "adam_step"),
     "multi_tensor_scale": (multi_tensor_scale, _sup_scale, "scale"),
     "multi_tensor_l2norm": (multi_tensor_l2norm, _sup_l2, "l2norm_sq"),
     "multi_tensor_unscale_l2norm": (multi_tensor_unscale_l2norm, _sup_l2, "l2norm_sq"),
+    # training kernels (cpp_ext/tex_train.cpp)
+    **{"d" + op: (_dact(kind), _sup_dact, "dact") for op, kind in _DACT.items()},
+    **{"dbias_d" + op: (_dbias_dact(kind), _sup_dact, "dact") for op, kind in _DACT.items()},
+    **{"d" + op: (_dglu(kind), _sup_dact, "dglu") for op, kind in _DGLU.items()},
+    "scaled_masked_softmax_forward": (scaled_masked_softmax_forward, _sup_masked, "tex_softmax"),
+    "scaled_upper_triang_masked_softmax_forward": (scaled_upper_triang_masked_softmax_forward, _sup_sm, "tex_softmax"),
+    "scaled_aligned_causal_masked_softmax_forward": (scaled_aligned_causal_masked_softmax_forward, _sup_sm,
+                                                     "tex_softmax"),
+    **{op: (scaled_softmax_backward, _sup_sm_bwd, "tex_softmax_bwd")
+       for op in ("scaled_softmax_backward", "scaled_masked_softmax_backward",
+                  "scaled_upper_triang_masked_softmax_backward", "scaled_aligned_causal_masked_softmax_backward")},
+    "fused_rope_forward": (_rope(False), _sup_rope, "tex_rope"),
+    "fused_rope_backward": (_rope(True), _sup_rope, "tex_rope"),
+    "multi_tensor_sgd": (multi_tensor_sgd, _sup_sgd, "sgd_step"),
 }
 HOT_OPS = tuple(ADAPTERS)
 

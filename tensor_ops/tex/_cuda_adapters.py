@@ -20,7 +20,7 @@ def _backend():
 
 
 def _on_cuda(t) -> bool:
-    return t.is_cuda
+    return t.device.type == "cuda"
 
 
 def _sup_act(input, quantizer=None):

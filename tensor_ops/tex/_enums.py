@@ -1,4 +1,12 @@
-"""TransformerEngine enums (values as in upstream ``transformer_engine_torch``)."""
+"""TransformerEngine enums: exactly the members and values of ``transformer_engine_torch`` 2.20.
+
+Members: TE's pybind registrations (``common/util/pybind_helper.h``,
+``pytorch/csrc/extensions/pybind.cpp``); values: TE's C headers (``fused_attn.h``,
+``fused_router.h``, ``comm_gemm_overlap.h``, ``transformer_engine.h``) at 2.20. TE's Python
+layer compares their member sets (``constants.py``, ``cpp_extensions/fused_attn.py``) and
+``tests/test_tex_te_names.py`` checks every member the installed wheel uses. IntEnums here
+(pybind's are not ints), so an int from TE's Python or a vendor compares equal.
+"""
 from __future__ import annotations
 
 import enum
@@ -8,7 +16,8 @@ import torch
 __all__ = [
     "DType", "NVTE_Fused_Attn_Backend", "NVTE_QKV_Format", "NVTE_QKV_Layout",
     "NVTE_Bias_Type", "NVTE_Mask_Type", "NVTE_Softmax_Type", "CommOverlapType",
-    "CommOverlapAlgo", "FP8FwdTensors", "FP8BwdTensors",
+    "CommOverlapAlgo", "FP8FwdTensors", "FP8BwdTensors", "Float8BlockScaleTensorFormat",
+    "NVTEScalingMode", "NVTERoutingMapFormat", "NVTEQBHistogramMode",
 ]
 
 
@@ -27,7 +36,6 @@ class DType(enum.IntEnum):
 
 class NVTE_Fused_Attn_Backend(enum.IntEnum):
     NVTE_No_Backend = -1
-    NVTE_F16_max512_seqlen = 0
     NVTE_F16_arbitrary_seqlen = 1
     NVTE_FP8 = 2
 
@@ -40,6 +48,8 @@ class NVTE_QKV_Format(enum.IntEnum):
     NVTE_SBHD_2BSHD = 4
     NVTE_THD_2BSHD = 5
     NVTE_THD_2SBHD = 6
+    NVTE_BHSD = 7
+    NVTE_QKV_Format_NOT_SET = 8
 
 
 class NVTE_QKV_Layout(enum.IntEnum):
@@ -68,6 +78,8 @@ class NVTE_QKV_Layout(enum.IntEnum):
     NVTE_Paged_KV_SBHD_SBHD_SBHD = 22
     NVTE_Paged_KV_THD_BSHD_BSHD = 23
     NVTE_Paged_KV_THD_SBHD_SBHD = 24
+    NVTE_BHSD_BHSD_BHSD = 25
+    NVTE_QKV_Layout_NOT_SET = 26
 
 
 class NVTE_Bias_Type(enum.IntEnum):
@@ -106,6 +118,7 @@ class CommOverlapAlgo(enum.IntEnum):
     ATOMIC_GEMM_RS = 5
     ATOMIC_GEMM_AG_P2P = 6
     ATOMIC_GEMM_RS_P2P = 7
+    EXTERNAL_BULK_OVERLAP_AG = 8
 
 
 class FP8FwdTensors(enum.IntEnum):
@@ -127,6 +140,37 @@ class FP8BwdTensors(enum.IntEnum):
     GRAD_INPUT2 = 3
     GRAD_OUTPUT3 = 4
     GRAD_INPUT3 = 5
+
+
+class Float8BlockScaleTensorFormat(enum.IntEnum):
+    GEMM_READY = 0
+    COMPACT = 1
+    INVALID = 2
+
+
+class NVTEScalingMode(enum.IntEnum):
+    """Registered by the 2.20.2 extension (TE's Python uses the first two); the members are the
+    C enum's (``transformer_engine.h``)."""
+
+    NVTE_DELAYED_TENSOR_SCALING = 0
+    NVTE_MXFP8_1D_SCALING = 1
+    NVTE_BLOCK_SCALING_1D = 2
+    NVTE_BLOCK_SCALING_2D = 3
+    NVTE_NVFP4_1D_SCALING = 4
+    NVTE_INVALID_SCALING = 100
+
+
+class NVTERoutingMapFormat(enum.IntEnum):
+    """MoE routing map: BYTEMAP = bool [tokens, experts]; BITMAP_U8 = uint8 [tokens, ceil(experts/8)],
+    expert e in byte e//8, bit e%8."""
+
+    BYTEMAP = 0
+    BITMAP_U8 = 1
+
+
+class NVTEQBHistogramMode(enum.IntEnum):
+    TWO_KERNEL = 0
+    FUSED_ATOMIC = 1
 
 
 _TO_TORCH = {

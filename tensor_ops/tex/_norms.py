@@ -60,7 +60,8 @@ def layernorm_fwd(input, weight, bias, eps, ln_out, quantizer, otype, sm_margin,
     """LayerNorm forward → ``[out, mu, rsigma]`` (mu, rsigma fp32 ``[N]``)."""
     _check_fwd("layernorm_fwd", input, weight, bias, ln_out, quantizer)
     otype = to_torch_dtype(otype, input.dtype)
-    return call("layernorm_fwd", (input, weight, bias, as_float("layernorm_fwd", "eps", eps), ln_out, None, otype, sm_margin,
+    return call("layernorm_fwd", (input, weight, bias, as_float("layernorm_fwd", "eps", eps), ln_out, None, otype,
+                                  sm_margin,
                                   bool(zero_centered_gamma)))
 
 

@@ -18,6 +18,7 @@ from ._enums import to_te_dtype
 
 NAME = "nvidia"
 MODULE = "transformer_engine_torch"
+NV_MODULE = MODULE + "_nv"          # where TE's NVTE_PLUGIN loader puts the real module
 PRIORITY = 100
 _DTYPE_ARGS = {"rmsnorm_fwd": (5,), "layernorm_fwd": (6,), "generic_gemm": (6,)}
 _GEMM_KW = ("comm_overlap", "comm_type", "extra_output", "bulk_overlap", "alpha", "beta")
@@ -25,7 +26,12 @@ _GEMM_DEFAULTS = (None, None, None, False, 1.0, None)
 
 
 def module():
-    """The real transformer_engine_torch module, or None (missing, or it is tensor_ops.tex itself)."""
+    """The real transformer_engine_torch module, or None (missing, or it is tensor_ops.tex itself).
+
+    Under TE's ``NVTE_PLUGIN=tensor_ops.tex`` the real one is ``transformer_engine_torch_nv``."""
+    mod = sys.modules.get(NV_MODULE)
+    if mod is not None and not getattr(mod, "_TENSOR_OPS_TEX", False):
+        return mod
     mod = sys.modules.get(MODULE)
     if mod is None:
         try:
@@ -40,6 +46,8 @@ def module():
 def availability():
     if _env.enabled("TE_FL_SKIP_CUDA"):
         return False, "disabled by TE_FL_SKIP_CUDA"
+    if module() is not None:
+        return True, ""
     try:
         importlib.import_module(MODULE)
     except Exception as exc:
@@ -61,7 +69,7 @@ def _first_tensor(args):
 
 
 def _on_device(t) -> bool:
-    return t.is_cuda
+    return t.device.type == "cuda"
 
 
 def supports(*args) -> bool:
@@ -104,7 +112,8 @@ def register(registry):
     for op in TEX_OPS:
         registry.register_impl(OpImpl(op_name=op, impl_id=f"vendor.{NAME}", kind=BackendImplKind.VENDOR,
                                       vendor=NAME, fn=_passthrough(op), priority=PRIORITY,
-                                      supports=None if op == "get_fused_attn_backend" else supports, available=availability, api="tex"))
+                                      supports=None if op == "get_fused_attn_backend" else supports,
+                                      available=availability, api="tex"))
 
 
 def unregister(registry):

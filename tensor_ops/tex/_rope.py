@@ -8,7 +8,7 @@ from ._dispatch import call
 from ._enums import NVTE_QKV_Format
 from ._refs import reference
 
-__all__ = ["fused_rope_forward", "fused_rope_backward"]
+__all__ = ["fused_rope_forward", "fused_rope_backward", "fused_qkv_rope_forward", "fused_qkv_rope_backward"]
 
 _FORMATS = {"sbhd": NVTE_QKV_Format.NVTE_SBHD, "bshd": NVTE_QKV_Format.NVTE_BSHD,
             "thd": NVTE_QKV_Format.NVTE_THD}
@@ -67,15 +67,113 @@ def _check(op, args):
     return (x, freqs, start_positions, fmt, bool(interleaved), cu_seqlens, cp_size, cp_rank)
 
 
+def _contiguous(out):
+    # upstream allocates its output: contiguous whatever the input's strides (TE's tests assert it)
+    return out.contiguous() if isinstance(out, torch.Tensor) else out
+
+
 def fused_rope_forward(*args):
-    """``fused_rope_forward(input, freqs, start_positions, qkv_format, interleaved, cu_seqlens, cp_size, cp_rank)``."""
-    return call("fused_rope_forward", _check("fused_rope_forward", args))
+    """``fused_rope_forward(input, freqs, start_positions, qkv_format, interleaved, cu_seqlens, cp_size, cp_rank)``
+    → a new contiguous tensor (upstream allocates it), whatever the input's strides."""
+    return _contiguous(call("fused_rope_forward", _check("fused_rope_forward", args)))
 
 
 def fused_rope_backward(*args):
     """``fused_rope_backward(output_grads, freqs, start_positions, qkv_format, interleaved, cu_seqlens, cp_size,
-    cp_rank)``; TE v2.9's 7-argument form (no start_positions) is accepted too."""
-    return call("fused_rope_backward", _check("fused_rope_backward", args))
+    cp_rank)`` → a new contiguous tensor; TE v2.9's 7-argument form (no start_positions) is accepted too."""
+    return _contiguous(call("fused_rope_backward", _check("fused_rope_backward", args)))
+
+
+def _check_qkv_common(op, q_freqs, k_freqs, split, qkv_format, cp_size, cp_rank, dev):
+    for name, f in (("q_freqs", q_freqs), ("k_freqs", k_freqs)):
+        check_tensor(op, name, f)
+        if f.dtype != torch.float32:
+            raise TypeError(f"tex.{op}: {name} has dtype {f.dtype}; expected torch.float32")
+        if f.dim() != 4 or f.shape[1] != 1 or f.shape[2] != 1:
+            raise ValueError(f"tex.{op}: {name} must have shape (s, 1, 1, d2), got {tuple(f.shape)}")
+        if f.device != dev:
+            raise ValueError(f"tex.{op}: {name} is on {f.device}, the activations on {dev}; move them to one device")
+    if q_freqs.shape[-1] != k_freqs.shape[-1]:
+        raise ValueError(f"tex.{op}: q_freqs and k_freqs differ in their last dim "
+                         f"({q_freqs.shape[-1]} vs {k_freqs.shape[-1]})")
+    if (not isinstance(split, (list, tuple)) or len(split) != 3
+            or not all(isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in split)):
+        raise ValueError(f"tex.{op}: qkv_split_arg_list={split!r} must be 3 positive ints (q, k, v widths)")
+    s0, s1, s2 = split
+    if s0 % s1 or s0 % s2 or s1 % s2:
+        raise ValueError(f"tex.{op}: qkv_split_arg_list={list(split)!r}: the q and k widths must be multiples of "
+                         f"the head dim (the v width {s2}), and q's of k's")
+    d2 = q_freqs.shape[-1]
+    if d2 > s2 or d2 % 2:
+        raise ValueError(f"tex.{op}: the freqs' last dim {d2} must be even and <= the head dim {s2}")
+    fmt = _fmt(op, qkv_format)
+    if fmt == NVTE_QKV_Format.NVTE_THD:
+        raise ValueError(f"tex.{op}: qkv_format thd is not supported (upstream neither); use sbhd or bshd")
+    cp_size, cp_rank = int(cp_size), int(cp_rank)
+    if cp_size < 1 or not 0 <= cp_rank < cp_size:
+        raise ValueError(f"tex.{op}: cp_rank={cp_rank} must be in [0, cp_size={cp_size})")
+    return list(split), fmt, cp_size, cp_rank
+
+
+def fused_qkv_rope_forward(*args):
+    """``fused_qkv_rope_forward(qkv_input, q_freqs, k_freqs, start_positions, qkv_split_arg_list, qkv_format,
+    interleaved, cp_size, cp_rank)`` → ``(q, k, v)``.
+
+    ``qkv_input`` (s, b, h, q+k+v) sbhd (or bshd) holds per group the q, k and v widths of
+    ``qkv_split_arg_list``; q comes back as (s, b, h·q/k, k), k as (s, b, h, k), v as (s, b, h, v),
+    q and k rotated (fused RoPE on the first d2 channels of each head) with their own freqs.
+    """
+    op = "fused_qkv_rope_forward"
+    if len(args) != 9:
+        raise nargs_error(op, "9 (qkv_input, q_freqs, k_freqs, start_positions, qkv_split_arg_list, qkv_format, "
+                          "interleaved, cp_size, cp_rank)", len(args))
+    qkv, qf, kf, start, split, fmt, interleaved, cp_size, cp_rank = args
+    check_tensor(op, "qkv_input", qkv, float_only=True)
+    if qkv.dim() != 4:
+        raise ValueError(f"tex.{op}: qkv_input must be 4-D (s, b, h, d) or (b, s, h, d), got {tuple(qkv.shape)}")
+    if not qkv.is_contiguous():
+        raise ValueError(f"tex.{op}: qkv_input must be contiguous (upstream requires it), got strides "
+                         f"{tuple(qkv.stride())}")
+    split, fmt, cp_size, cp_rank = _check_qkv_common(op, qf, kf, split, fmt, cp_size, cp_rank, qkv.device)
+    if sum(split) != qkv.shape[-1]:
+        raise ValueError(f"tex.{op}: qkv_split_arg_list {split} sums to {sum(split)}, qkv_input's last dim is "
+                         f"{qkv.shape[-1]}")
+    check_tensor(op, "start_positions", start, optional=True)
+    nb = qkv.shape[1] if fmt == NVTE_QKV_Format.NVTE_SBHD else qkv.shape[0]
+    seq = qkv.shape[0] if fmt == NVTE_QKV_Format.NVTE_SBHD else qkv.shape[1]
+    if start is not None and start.numel() != nb:
+        raise ValueError(f"tex.{op}: start_positions has {start.numel()} elements, expected the batch size {nb}")
+    for name, f in (("q_freqs", qf), ("k_freqs", kf)):
+        if f.shape[0] < seq * cp_size and start is None:
+            raise ValueError(f"tex.{op}: {name} has {f.shape[0]} positions but the sequence needs {seq * cp_size}")
+    return tuple(call(op, (qkv, qf, kf, start, split, fmt, bool(interleaved), cp_size, cp_rank)))
+
+
+def fused_qkv_rope_backward(*args):
+    """``fused_qkv_rope_backward(q_grad_out, k_grad_out, v_grad_out, q_freqs, k_freqs, qkv_split_arg_list,
+    qkv_format, interleaved, cp_size, cp_rank)`` → the gradient of ``qkv_input`` (contiguous)."""
+    op = "fused_qkv_rope_backward"
+    if len(args) != 10:
+        raise nargs_error(op, "10 (q_grad_out, k_grad_out, v_grad_out, q_freqs, k_freqs, qkv_split_arg_list, "
+                          "qkv_format, interleaved, cp_size, cp_rank)", len(args))
+    gq, gk, gv, qf, kf, split, fmt, interleaved, cp_size, cp_rank = args
+    for name, g in (("q_grad_out", gq), ("k_grad_out", gk), ("v_grad_out", gv)):
+        check_tensor(op, name, g, float_only=True)
+        if g.dim() != 4:
+            raise ValueError(f"tex.{op}: {name} must be 4-D, got shape {tuple(g.shape)}")
+    check_same_device(op, q_grad_out=gq, k_grad_out=gk, v_grad_out=gv)
+    split, fmt, cp_size, cp_rank = _check_qkv_common(op, qf, kf, split, fmt, cp_size, cp_rank, gq.device)
+    s0, s1, s2 = split
+    h = gk.shape[2]
+    lead = tuple(gk.shape[:2])
+    want = {"q_grad_out": lead + (h * s0 // s1, s1), "k_grad_out": lead + (h, s1), "v_grad_out": lead + (h, s2)}
+    for name, g in (("q_grad_out", gq), ("k_grad_out", gk), ("v_grad_out", gv)):
+        if tuple(g.shape) != want[name]:
+            raise ValueError(f"tex.{op}: {name} has shape {tuple(g.shape)}, expected {want[name]} for "
+                             f"qkv_split_arg_list {split} and {h} groups")
+        if g.dtype != gq.dtype:
+            raise TypeError(f"tex.{op}: {name} has dtype {g.dtype}, q_grad_out {gq.dtype}; pass one dtype")
+    return _contiguous(call(op, (gq, gk, gv, qf, kf, split, fmt, bool(interleaved), cp_size, cp_rank)))
 
 
 # ---------------------------------------------------------------- reference.torch
@@ -146,3 +244,34 @@ def ref_fused_rope_backward(output_grads, freqs, start_positions, qkv_format, in
                             cp_rank):
     return _rope(output_grads, freqs, start_positions, qkv_format, interleaved, cu_seqlens, cp_size, cp_rank,
                  True)
+
+
+def _heads(t, d):
+    """(s, b, h, w) → (s, b, h·w/d, d): the d-wide heads a fused-QKV row holds."""
+    return t.reshape(t.shape[0], t.shape[1], -1, d)
+
+
+@reference("fused_qkv_rope_forward")
+def ref_fused_qkv_rope_forward(qkv_input, q_freqs, k_freqs, start_positions, qkv_split_arg_list, qkv_format,
+                               interleaved, cp_size, cp_rank):
+    s0, s1, s2 = qkv_split_arg_list
+    q, k, v = torch.split(qkv_input, [s0, s1, s2], dim=-1)
+    h = qkv_input.shape[2]
+    start = start_positions if cp_size == 1 else None   # the kernel ignores them under CP
+    qo = _rope(_heads(q, s2), q_freqs, start, qkv_format, interleaved, None, cp_size, cp_rank, False)
+    ko = _rope(_heads(k, s2), k_freqs, start, qkv_format, interleaved, None, cp_size, cp_rank, False)
+    lead = tuple(qkv_input.shape[:2])
+    return [qo.reshape(lead + (h * s0 // s1, s1)).contiguous(), ko.reshape(lead + (h, s1)).contiguous(),
+            v.contiguous()]
+
+
+@reference("fused_qkv_rope_backward")
+def ref_fused_qkv_rope_backward(q_grad_out, k_grad_out, v_grad_out, q_freqs, k_freqs, qkv_split_arg_list, qkv_format,
+                                interleaved, cp_size, cp_rank):
+    s0, s1, s2 = qkv_split_arg_list
+    h = k_grad_out.shape[2]
+    lead = tuple(k_grad_out.shape[:2])
+    gq = _rope(_heads(q_grad_out, s2), q_freqs, None, qkv_format, interleaved, None, cp_size, cp_rank, True)
+    gk = _rope(_heads(k_grad_out, s2), k_freqs, None, qkv_format, interleaved, None, cp_size, cp_rank, True)
+    return torch.cat([gq.reshape(lead + (h, s0)), gk.reshape(lead + (h, s1)), v_grad_out.reshape(lead + (h, s2))],
+                     dim=-1)

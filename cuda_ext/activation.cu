@@ -1,7 +1,7 @@
 // Elementwise activations (grid-stride, 16-byte vectors) and gated ones (x: rows x 2h -> rows x h).
 #include "common.cuh"
 
-namespace tops {
+namespace to {
 
 struct SiluOp { __device__ __forceinline__ float operator()(float v) const { return silu_f(v); } };
 struct ReluOp { __device__ __forceinline__ float operator()(float v) const { return relu_f(v); } };
@@ -53,27 +53,27 @@ __device__ __forceinline__ void gated_kernel(const T* x, T* y, long long rows, i
     else gated_rows<T, 1>(x, y, rows, h, f);
 }
 
-}  // namespace tops
+}  // namespace to
 
-#define TOPS_UNARY(NAME, OP, T, S)                                                             \
-    extern "C" __global__ void NAME##_##S(const T* __restrict__ x, T* __restrict__ y,          \
+#define TO_UNARY(NAME, OP, T, S)                                                               \
+    extern "C" __global__ void to_##NAME##_##S(const T* __restrict__ x, T* __restrict__ y,     \
                                           long long N, int vec) {                              \
-        tops::unary_kernel<T>(x, y, N, vec, tops::OP());                                       \
+        to::unary_kernel<T>(x, y, N, vec, to::OP());                                           \
     }
-#define TOPS_GATED(NAME, OP, T, S)                                                             \
-    extern "C" __global__ void NAME##_##S(const T* __restrict__ x, T* __restrict__ y,          \
+#define TO_GATED(NAME, OP, T, S)                                                               \
+    extern "C" __global__ void to_##NAME##_##S(const T* __restrict__ x, T* __restrict__ y,     \
                                           long long rows, int h, int vec) {                    \
-        tops::gated_kernel<T>(x, y, rows, h, vec, tops::OP());                                 \
+        to::gated_kernel<T>(x, y, rows, h, vec, to::OP());                                     \
     }
-#define TOPS_ACTIVATIONS(T, S)                                                                 \
-    TOPS_UNARY(silu, SiluOp, T, S)                                                             \
-    TOPS_UNARY(relu, ReluOp, T, S)                                                             \
-    TOPS_UNARY(gelu, GeluOp, T, S)                                                             \
-    TOPS_UNARY(gelu_tanh, GeluTanhOp, T, S)                                                    \
-    TOPS_GATED(swiglu, SiluOp, T, S)                                                           \
-    TOPS_GATED(geglu, GeluOp, T, S)                                                            \
-    TOPS_GATED(geglu_tanh, GeluTanhOp, T, S)
-TOPS_FOR_EACH_DTYPE(TOPS_ACTIVATIONS)
-#undef TOPS_ACTIVATIONS
-#undef TOPS_GATED
-#undef TOPS_UNARY
+#define TO_ACTIVATIONS(T, S)                                                                   \
+    TO_UNARY(silu, SiluOp, T, S)                                                               \
+    TO_UNARY(relu, ReluOp, T, S)                                                               \
+    TO_UNARY(gelu, GeluOp, T, S)                                                               \
+    TO_UNARY(gelu_tanh, GeluTanhOp, T, S)                                                      \
+    TO_GATED(swiglu, SiluOp, T, S)                                                             \
+    TO_GATED(geglu, GeluOp, T, S)                                                              \
+    TO_GATED(geglu_tanh, GeluTanhOp, T, S)
+TO_FOR_EACH_DTYPE(TO_ACTIVATIONS)
+#undef TO_ACTIVATIONS
+#undef TO_GATED
+#undef TO_UNARY

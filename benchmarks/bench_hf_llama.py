@@ -1,0 +1,134 @@
+"""A tiny Hugging Face Llama on CPU, unpatched vs patched by ``tensor_ops.integrations.transformers``
+(a preset of the one benchmark engine: its timer and statistic for the step times; the torch
+profiler for where the time goes).
+
+    python benchmarks/bench_hf_llama.py                  # hidden 1024, 4 layers, seq 512, batch 4; fp32 + bf16
+    python benchmarks/bench_hf_llama.py --quick          # hidden 256, 2 layers, seq 128 (smoke test)
+    python benchmarks/bench_hf_llama.py --json out.json
+
+Per dtype and mode (forward; forward + backward of HF's causal-LM loss), two measurements:
+
+- the whole step, both models timed in the same interleaved rounds (``_bench.time_rounds``,
+  medians and the median of per-round ratios);
+- a torch profiler pass over each model: the matmuls' time is the self CPU time of the
+  matmul operators (``aten::mm``/``addmm``/``bmm``/``matmul``/``linear``, forward and
+  backward); everything else (norms, activations, RoPE, softmax, casts, adds, the loss,
+  tensor_ops' kernels, Python) is the step's wall time in that pass minus the matmuls'.
+
+Eager attention (``attn_implementation="eager"``) keeps the attention softmax a separate op
+(SDPA would fuse it into its kernel). Vocabulary 4096: the LM head and the loss stay small
+next to the layers.
+"""
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import os
+import sys
+import time
+
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from tensor_ops import _bench  # noqa: E402
+from tensor_ops.integrations import transformers as to_hf  # noqa: E402
+
+MATMUL = ("aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm", "aten::matmul", "aten::linear",
+          "aten::_addmm_activation")
+
+
+def build(hidden, layers, vocab, dtype):
+    from transformers import LlamaConfig, LlamaForCausalLM
+    torch.manual_seed(0)
+    cfg = LlamaConfig(hidden_size=hidden, intermediate_size=hidden * 8 // 3 // 64 * 64, num_hidden_layers=layers,
+                      num_attention_heads=hidden // 64, num_key_value_heads=hidden // 64, vocab_size=vocab,
+                      max_position_embeddings=2048)
+    cfg._attn_implementation = "eager"
+    return LlamaForCausalLM(cfg).to(dtype)
+
+
+def step_fn(model, ids, mode):
+    if mode == "forward":
+        model.eval()
+
+        def fwd():
+            with torch.no_grad():
+                model(ids)
+        return fwd
+    model.train()
+
+    def fwd_bwd():
+        model.zero_grad(set_to_none=True)
+        model(ids, labels=ids).loss.backward()
+    return fwd_bwd
+
+
+def profile_split(fn, reps=2) -> dict:
+    """Seconds per call in the matmuls (their operators' self CPU time, torch profiler) and in
+    everything else: the step's wall time minus that, so time spent outside any torch operator
+    (tensor_ops' kernels called without the dispatcher in inference, Python) counts too."""
+    fn()
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+        t0 = time.perf_counter()
+        for _ in range(reps):
+            fn()
+        wall = (time.perf_counter() - t0) / reps
+    mm = 0.0
+    top: dict = {}
+    for e in prof.key_averages():
+        t = e.self_cpu_time_total / 1e6 / reps
+        if e.key in MATMUL:
+            mm += t
+        else:
+            top[e.key] = top.get(e.key, 0.0) + t
+    return {"wall_s": wall, "matmul_s": mm, "other_s": wall - mm,
+            "top_other": sorted(top.items(), key=lambda kv: -kv[1])[:8]}
+
+
+def run(hidden, layers, seq, batch, vocab, dtype, mode, rounds):
+    base = build(hidden, layers, vocab, dtype)
+    patched = copy.deepcopy(base)
+    rep = to_hf.apply(patched)
+    ids = torch.randint(0, vocab, (batch, seq), generator=torch.Generator().manual_seed(1))
+    fns = {"hf": step_fn(base, ids, mode), "tensor_ops": step_fn(patched, ids, mode)}
+    st = _bench.stats(_bench.time_rounds(fns, 0, rounds), 1)
+    prof = {k: profile_split(f) for k, f in fns.items()}
+    return {"dtype": str(dtype).replace("torch.", ""), "mode": mode, "patched": str(rep),
+            "step_s": {k: st[k]["median_s"] for k in fns}, "step_speedup": st["tensor_ops"]["vs"]["hf"],
+            "profile": prof, "non_matmul_speedup": prof["hf"]["other_s"] / max(prof["tensor_ops"]["other_s"], 1e-12)}
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--quick", action="store_true")
+    p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--dtypes", default="float32,bfloat16")
+    p.add_argument("--json")
+    a = p.parse_args(argv)
+    shape = dict(hidden=256, layers=2, seq=128, batch=2, vocab=1024) if a.quick else \
+        dict(hidden=1024, layers=4, seq=512, batch=4, vocab=4096)
+    res = []
+    for dt in a.dtypes.split(","):
+        for mode in ("forward", "forward+backward"):
+            r = run(**shape, dtype=getattr(torch, dt), mode=mode, rounds=a.rounds)
+            res.append(r)
+            hf, me = r["profile"]["hf"], r["profile"]["tensor_ops"]
+            print(f"{r['dtype']:<9} {mode:<17} step {r['step_s']['hf'] * 1e3:8.0f} -> {r['step_s']['tensor_ops'] * 1e3:8.0f} ms"
+                  f" (x{r['step_speedup']:.2f}); non-matmul {hf['other_s'] * 1e3:7.0f} -> {me['other_s'] * 1e3:6.0f} ms"
+                  f" (x{r['non_matmul_speedup']:.2f}); matmul {hf['matmul_s'] * 1e3:6.0f} / {me['matmul_s'] * 1e3:6.0f} ms",
+                  flush=True)
+    print(f"\nshape {shape}; {res[0]['patched']}")
+    for r in res:
+        print(f"{r['dtype']} {r['mode']}: largest non-matmul ops, unpatched: "
+              + ", ".join(f"{k} {v * 1e3:.0f}" for k, v in r["profile"]["hf"]["top_other"][:5])
+              + "; patched: " + ", ".join(f"{k} {v * 1e3:.0f}" for k, v in r["profile"]["tensor_ops"]["top_other"][:5]))
+    if a.json:
+        with open(a.json, "w") as f:
+            json.dump({"shape": shape, "torch": torch.__version__, "results": res}, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

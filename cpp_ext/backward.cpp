@@ -1,0 +1,158 @@
+// backward.cpp: the autograd kernels of tensor_ops.torch that no other file provides
+// (compiled once per ISA variant):
+//
+// * glu2 / glu2_bwd: the gated activations on row-strided operands. Hugging Face MLPs keep
+//   the gate and up projections in two arrays (act(gate) * up), the facade's swiglu/geglu
+//   keep them as the halves [a | b] of one row: both are "a, b with row strides", so one
+//   kernel serves the two layouts (forward and backward) and both GELU forms.
+// * gelu_erf_bwd: the exact (erf) GELU derivative (TransformerEngine has only the tanh form).
+//
+// The derivatives of silu, tanh-GELU and relu on one operand and the softmax backward come
+// from the tex kernels; the norms' backward from norm.cpp (rms_norm_bwd / layer_norm_bwd).
+// Math is fp32 for every storage type, one rounding per output, like the forward kernels;
+// act(a) is computed by the forward's own vmath.h functions, so glu2 equals swiglu/geglu
+// bit for bit.
+#include "vmath.h"
+#include "variant.h"
+
+namespace to {
+namespace TO_NS {
+namespace {
+
+constexpr float SQRT_HALF = 0.70710678118654752f;
+constexpr float INV_SQRT_2PI = 0.39894228040143268f;  // 1/sqrt(2 pi): the normal density at 0
+constexpr float GELU_K0 = 0.79788456080286536f;       // sqrt(2/pi)
+constexpr float GELU_K1 = 0.044715f;
+
+template <int G>
+inline V act_f(V x) {
+    if (G == GLU_SWIGLU) return vsilu(x);
+    if (G == GLU_GEGLU_ERF) return vgelu_erf(x);
+    return vgelu_tanh(x);
+}
+
+// f = act(x) and df = act'(x) from one exponential.
+//   silu:       s = sigmoid(x), f = x s, f' = s + x s (1 - s)
+//   GELU (erf): f = x Phi(x), f' = Phi(x) + x phi(x), phi(x) = e^(-x^2/2) / sqrt(2 pi)
+//   GELU (tanh): s = 1/(1 + e^(-2u)) = (1 + tanh u)/2, f = x s, f' = s + 2 x s (1 - s) u'(x)
+template <int G>
+inline void act_df(V x, V& f, V& df) {
+    const V one = vset(1.0f);
+    if (G == GLU_SWIGLU) {
+        const V s = one / (one + vexp_neg_fast(x));
+        f = x * s;
+        df = vfma(f, one - s, s);
+    } else if (G == GLU_GEGLU_ERF) {
+        const V phi = vset(0.5f) * (one + verf(x * vset(SQRT_HALF)));
+        f = x * phi;
+        df = vfma(x, vset(INV_SQRT_2PI) * vexp(vset(-0.5f) * x * x), phi);
+    } else {
+        const V x2 = x * x;
+        const V v = vgelu_tanh_arg(x, x2);
+        const V s = one / (one + vexp2_fast(v));
+        f = x * s;
+        const V du = vset(GELU_K0) * vfma(vset(3.0f * GELU_K1), x2, one);
+        df = vfma(vset(2.0f) * f * (one - s), du, s);
+    }
+}
+
+template <class T>
+inline bool stream_aligned(const T* p) {
+    return ((uintptr_t)p % ((uintptr_t)W * sizeof(T))) == 0;
+}
+
+template <class T, int G>
+void glu2_k(const void* av, const void* bv, void* yv, int64_t rows, int64_t h, int64_t sa, int64_t sb, int64_t sy,
+            bool nt) {
+    const T* A = (const T*)av;
+    const T* B = (const T*)bv;
+    T* Y = (T*)yv;
+    for (int64_t r = 0; r < rows; ++r) {
+        const T* a = A + r * sa;
+        const T* b = B + r * sb;
+        write_row(
+            Y + r * sy, h, nt, [&](int64_t i) { return act_f<G>(vload(a + i)) * vload(b + i); },
+            [&](int64_t i, int64_t k) { return act_f<G>(vload_part(a + i, k, 0.f)) * vload_part(b + i, k, 0.f); });
+    }
+    if (nt) stream_fence();
+}
+
+template <class T, int G>
+void glu2_bwd_k(const void* dyv, const void* av, const void* bv, void* dav, void* dbv, int64_t rows, int64_t h,
+                int64_t sdy, int64_t sa, int64_t sb, int64_t sda, int64_t sdb, bool nt) {
+    const T* DY = (const T*)dyv;
+    const T* A = (const T*)av;
+    const T* B = (const T*)bv;
+    T* DA = (T*)dav;
+    T* DB = (T*)dbv;
+    for (int64_t r = 0; r < rows; ++r) {
+        const T* g = DY + r * sdy;
+        const T* a = A + r * sa;
+        const T* b = B + r * sb;
+        T* da = DA + r * sda;
+        T* db = DB + r * sdb;
+        // Two outputs per element: streaming stores only when both rows start on a vector
+        // boundary (the common case: contiguous outputs whose h is a multiple of W).
+        const bool st_nt = nt && W > 1 && stream_aligned(da) && stream_aligned(db);
+        int64_t i = 0;
+        for (; i + W <= h; i += W) {
+            V f, df;
+            act_df<G>(vload(a + i), f, df);
+            const V vg = vload(g + i);
+            const V vda = vg * vload(b + i) * df, vdb = vg * f;
+            if (st_nt) {
+                vstream(da + i, vda);
+                vstream(db + i, vdb);
+            } else {
+                vstore(da + i, vda);
+                vstore(db + i, vdb);
+            }
+        }
+        if (i < h) {
+            const int64_t k = h - i;
+            V f, df;
+            act_df<G>(vload_part(a + i, k, 0.f), f, df);
+            const V vg = vload_part(g + i, k, 0.f);
+            vstore_part(da + i, vg * vload_part(b + i, k, 0.f) * df, k);
+            vstore_part(db + i, vg * f, k);
+        }
+    }
+    if (nt) stream_fence();
+}
+
+template <class T>
+void gelu_erf_bwd_k(const void* dyv, const void* xv, void* dxv, int64_t count, bool nt) {
+    const T* g = (const T*)dyv;
+    const T* x = (const T*)xv;
+    auto d = [](V v, V vg) {
+        V f, df;
+        act_df<GLU_GEGLU_ERF>(v, f, df);
+        return vg * df;
+    };
+    write_row(
+        (T*)dxv, count, nt, [&](int64_t i) { return d(vload(x + i), vload(g + i)); },
+        [&](int64_t i, int64_t k) { return d(vload_part(x + i, k, 0.f), vload_part(g + i, k, 0.f)); });
+    if (nt) stream_fence();
+}
+
+template <class T>
+void fill_t(KernelTable& t, int dt) {
+    t.glu2[dt][GLU_SWIGLU] = glu2_k<T, GLU_SWIGLU>;
+    t.glu2[dt][GLU_GEGLU_ERF] = glu2_k<T, GLU_GEGLU_ERF>;
+    t.glu2[dt][GLU_GEGLU_TANH] = glu2_k<T, GLU_GEGLU_TANH>;
+    t.glu2_bwd[dt][GLU_SWIGLU] = glu2_bwd_k<T, GLU_SWIGLU>;
+    t.glu2_bwd[dt][GLU_GEGLU_ERF] = glu2_bwd_k<T, GLU_GEGLU_ERF>;
+    t.glu2_bwd[dt][GLU_GEGLU_TANH] = glu2_bwd_k<T, GLU_GEGLU_TANH>;
+    t.gelu_erf_bwd[dt] = gelu_erf_bwd_k<T>;
+}
+
+}  // namespace
+
+void fill_backward(KernelTable& t) {
+    fill_t<float>(t, DT_F32);
+    fill_t<f16>(t, DT_F16);
+    fill_t<bf16>(t, DT_BF16);
+}
+
+}  // namespace TO_NS
+}  // namespace to

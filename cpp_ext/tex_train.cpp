@@ -1,0 +1,466 @@
+// tex_train.cpp: the training-side tex kernels (compiled once per ISA variant): the
+// activation derivatives (plain and gated, optionally with the bias gradient), TE's scaled
+// softmax forward (plain / masked / causal) and backward, fused RoPE over (token, head) rows
+// with a position per token, and the SGD step. fp32 math for every storage dtype.
+#include <cmath>
+#include <cstring>
+
+#include "vmath.h"
+#include "variant.h"
+
+namespace to {
+namespace TO_NS {
+namespace {
+
+// The shared constants (tests/test_kernel_constants.py reads vmath.h's copies), written here as
+// products of named values so that the folded forms below visibly derive from them.
+constexpr float kLog2e = 1.44269504088896341f;
+constexpr float kSqrt2OverPi = 0.7978845608028654f;
+constexpr float kGeluCubic = 0.044715f;
+// tanh-GELU's -2u*log2(e) = x*(c1 + c2 x^2), u = sqrt(2/pi)(x + 0.044715 x^3) (vgelu_tanh's fold)
+constexpr float kGeluC1 = -2.0f * kSqrt2OverPi * kLog2e;
+constexpr float kGeluC2 = -2.0f * kSqrt2OverPi * kGeluCubic * kLog2e;
+constexpr float kQgelu = 1.702f;
+
+// sigmoid from 2^v with v = -x*log2(e)*k folded by the caller: 1 / (1 + 2^v)
+inline V vsig2(V v) { return vset(1.0f) / (vset(1.0f) + vexp2_fast(v)); }
+inline V vsigmoid_k(V x, float k) { return vsig2(x * vset(-kLog2e * k)); }
+
+// act'(x) for the plain activations (DA_*); the gated kernels also need act(x) itself.
+template <int OP>
+inline V dact_v(V x) {
+    if (OP == DA_GELU_TANH) {
+        // tanh-GELU: with s = sigmoid(2u) = (1 + tanh u)/2, u = k0 (x + 0.044715 x^3):
+        // d/dx = s + 2 k0 x s (1 - s) (1 + 3*0.044715 x^2)
+        V s = vsig2(x * vfma(x * x, vset(kGeluC2), vset(kGeluC1)));
+        V t = vset(2.0f * kSqrt2OverPi) * x * s * (vset(1.0f) - s);
+        return vfma(t, vfma(x * x, vset(3.0f * kGeluCubic), vset(1.0f)), s);
+    }
+    if (OP == DA_SILU) {
+        V s = vsigmoid_k(x, 1.0f);
+        return s * vfma(x, vset(1.0f) - s, vset(1.0f));
+    }
+    if (OP == DA_QGELU) {
+        V s = vsigmoid_k(x, kQgelu);
+        return vfma(vset(kQgelu) * x, s * (vset(1.0f) - s), s);
+    }
+    if (OP == DA_RELU) return vsel(vlt(vset(0.0f), x), vset(1.0f), vset(0.0f));
+    if (OP == DA_SRELU) return vset(2.0f) * vmax(vset(0.0f), x);  // NaN in x stays NaN
+    V s = vsigmoid_k(x, 1.0f);  // DA_SIGMOID
+    return s * (vset(1.0f) - s);
+}
+
+template <int OP>
+inline V act_v(V x) {
+    if (OP == DA_GELU_TANH) return vgelu_tanh(x);
+    if (OP == DA_SILU) return vsilu(x);
+    if (OP == DA_QGELU) return x * vsigmoid_k(x, kQgelu);
+    if (OP == DA_RELU) return vmax(vset(0.0f), x);
+    if (OP == DA_SRELU) {
+        V r = vmax(vset(0.0f), x);
+        return r * r;
+    }
+    return vsigmoid_k(x, 1.0f);
+}
+
+// v rounded to T's precision (and back to fp32): the bias gradient sums the values the output
+// holds, as TE's dbias of the stored d-activation does.
+template <class T>
+inline V as_stored(V v) {
+    if (sizeof(T) == sizeof(float)) return v;
+    alignas(64) T tmp[W];
+    vstore(tmp, v);
+    return vload(tmp);
+}
+
+// y = g * act'(x) over rows x n; with acc (fp32 [n]) the column sums of y are added to it.
+template <class T, int OP>
+void dact_k(const void* gv, const void* xv, void* yv, int64_t rows, int64_t n, float* acc, bool nt) {
+    const T* g = (const T*)gv;
+    const T* x = (const T*)xv;
+    T* y = (T*)yv;
+    if (!acc) {  // flat
+        const int64_t cnt = rows * n;
+        write_row(
+            y, cnt, nt, [&](int64_t i) { return vload(g + i) * dact_v<OP>(vload(x + i)); },
+            [&](int64_t i, int64_t k) { return vload_part(g + i, k, 0.f) * dact_v<OP>(vload_part(x + i, k, 0.f)); });
+    } else {
+        for (int64_t r = 0; r < rows; ++r) {
+            const T* gr = g + r * n;
+            const T* xr = x + r * n;
+            // write_row visits each index once (aligned body, partial head/tail): the column sums
+            // are added as the values are produced
+            write_row(
+                y + r * n, n, nt,
+                [&](int64_t i) {
+                    V v = as_stored<T>(vload(gr + i) * dact_v<OP>(vload(xr + i)));
+                    vstore(acc + i, vload(acc + i) + v);
+                    return v;
+                },
+                [&](int64_t i, int64_t k) {
+                    V v = as_stored<T>(vload_part(gr + i, k, 0.f) * dact_v<OP>(vload_part(xr + i, k, 0.f)));
+                    vstore_part(acc + i, vload_part(acc + i, k, 0.f) + v, k);
+                    return v;
+                });
+        }
+    }
+    if (nt) stream_fence();
+}
+
+// Gated: x row = [a (h) | b (h)], g row (h) -> y row [g*b*act'(a) | g*act(a)] (2h), one pass:
+// a, b, g are read once and act(a), act'(a) share their exponential. Both halves are
+// streamed when they share an alignment (h*sizeof(T) a multiple of the vector size).
+template <int OP>
+inline void dglu_v(V a, V b, V g, V& da, V& db) {
+    if (OP == DA_SILU || OP == DA_SIGMOID) {
+        V s = vsigmoid_k(a, 1.0f);
+        if (OP == DA_SILU) {
+            da = g * b * s * vfma(a, vset(1.0f) - s, vset(1.0f));
+            db = g * a * s;
+        } else {
+            da = g * b * s * (vset(1.0f) - s);
+            db = g * s;
+        }
+    } else if (OP == DA_QGELU) {
+        V s = vsigmoid_k(a, kQgelu);
+        da = g * b * vfma(vset(kQgelu) * a, s * (vset(1.0f) - s), s);
+        db = g * a * s;
+    } else if (OP == DA_GELU_TANH) {
+        V s = vsig2(a * vfma(a * a, vset(kGeluC2), vset(kGeluC1)));
+        V t = vset(2.0f * kSqrt2OverPi) * a * s * (vset(1.0f) - s);
+        da = g * b * vfma(t, vfma(a * a, vset(3.0f * kGeluCubic), vset(1.0f)), s);
+        db = g * a * s;
+    } else {
+        da = g * b * dact_v<OP>(a);
+        db = g * act_v<OP>(a);
+    }
+}
+
+template <class T, int OP>
+void dglu_k(const void* gv, const void* xv, void* yv, int64_t rows, int64_t h, bool nt) {
+    const T* g = (const T*)gv;
+    const T* x = (const T*)xv;
+    T* y = (T*)yv;
+    const bool both = nt && W > 1 && ((uintptr_t)h * sizeof(T)) % ((uintptr_t)W * sizeof(T)) == 0;
+    for (int64_t r = 0; r < rows; ++r) {
+        const T* gr = g + r * h;
+        const T* a = x + r * 2 * h;
+        const T* b = a + h;
+        T* ya = y + r * 2 * h;
+        T* yb = ya + h;
+        int64_t i = 0;
+        auto part = [&](int64_t i0, int64_t k) {
+            V da, db;
+            dglu_v<OP>(vload_part(a + i0, k, 0.f), vload_part(b + i0, k, 0.f), vload_part(gr + i0, k, 0.f), da, db);
+            vstore_part(ya + i0, da, k);
+            vstore_part(yb + i0, db, k);
+        };
+        if (both) {
+            const uintptr_t A = (uintptr_t)W * sizeof(T);
+            const uintptr_t mis = (uintptr_t)ya % A;
+            int64_t head = mis ? (int64_t)((A - mis) / sizeof(T)) : 0;
+            if (head > h) head = h;
+            if (head) part(0, head);
+            i = head;
+            for (; i + W <= h; i += W) {
+                V da, db;
+                dglu_v<OP>(vload(a + i), vload(b + i), vload(gr + i), da, db);
+                vstream(ya + i, da);
+                vstream(yb + i, db);
+            }
+        } else {
+            for (; i + W <= h; i += W) {
+                V da, db;
+                dglu_v<OP>(vload(a + i), vload(b + i), vload(gr + i), da, db);
+                vstore(ya + i, da);
+                vstore(yb + i, db);
+            }
+        }
+        if (i < h) part(i, h - i);
+    }
+    if (nt) stream_fence();
+}
+
+// e^d for d <= 0 (or NaN): clamped so 2^n stays normal (AVX-512's vscalefps rounds below
+// to 0 itself); exact 0 for the masked -inf entries (the facade softmax's exp_le0).
+inline V exp_le0(V d) {
+#if TO_ISA == 2
+    V fn, y = vexp_reduced(vmax(vset(-104.0f), d), fn);
+    return vldexp(y, fn);
+#else
+    V fn, y = vexp_reduced(vmax(vset(-87.3f), d), fn);
+    return vsel(vlt(d, vset(-87.3f)), vset(0.0f), vldexp(y, fn));
+#endif
+}
+
+// Lanes of W mask bytes that are non-zero (TE's uint8 attention mask: 1 = masked).
+inline M vmask_u8(const uint8_t* p) {
+#if TO_ISA == 2
+    __m512i v = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i*)p));
+    return {_mm512_test_epi32_mask(v, v)};
+#elif TO_ISA == 1
+    __m256i v = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i*)p));
+    return {_mm256_castsi256_ps(_mm256_cmpgt_epi32(v, _mm256_setzero_si256()))};
+#else
+    return {p[0] != 0};
+#endif
+}
+
+inline void prefetch(const void* p, int bytes) {
+    for (int b = 0; b < bytes; b += 64) __builtin_prefetch((const char*)p + b, 0, 3);
+}
+
+// TE's scaled softmax over rows of n: z = x*scale; mode SM_MASK: where mask[j] != 0, z = -10000,
+// a row whose every element is masked gives 0; SM_CAUSAL: only j <= lim (row r's limit) count,
+// the rest (and rows with lim < 0) give 0. Three passes over a row that stays in cache (as the
+// facade softmax): z and its max into the fp32 scratch; e = exp(z - max) in place while
+// summing (prefetching the next row: the exp arithmetic would leave the bus idle); y = e/sum.
+template <class T>
+void tsoftmax_k(const void* xv, void* yv, int64_t rows, int64_t n, float scale, int mode, const uint8_t* mask,
+                int64_t mask_batches, int64_t heads, int64_t row0, int64_t sq, int64_t causal_off, float* z, bool nt) {
+    const T* x = (const T*)xv;
+    T* y = (T*)yv;
+    const float ninf = -__builtin_inff();
+    const V vs = vset(scale);
+    for (int64_t r = 0; r < rows; ++r) {
+        const T* xr = x + r * n;
+        T* yr = y + r * n;
+        const char* pf = (const char*)(r + 1 < rows ? xr + n : xr);
+        int64_t len = n;
+        const uint8_t* mr = nullptr;
+        const int64_t grow = row0 + r;
+        if (mode == SM_CAUSAL) {
+            const int64_t lim = grow % sq + causal_off;  // last allowed column
+            len = lim < 0 ? 0 : (lim + 1 < n ? lim + 1 : n);
+        } else if (mode == SM_MASK) {
+            const int64_t mb = mask_batches == 1 ? 0 : (grow / sq) / heads;  // mask [b|1, 1, sq, sk]
+            mr = mask + mb * sq * n + (grow % sq) * n;
+            if (!std::memchr(mr, 0, (size_t)n)) len = 0;  // every element masked
+        }
+        if (len == 0) {
+            write_row(yr, n, nt, [&](int64_t) { return vset(0.0f); }, [&](int64_t, int64_t) { return vset(0.0f); });
+            continue;
+        }
+        V m0 = vset(ninf), m1 = vset(ninf);
+        int64_t i = 0;
+        if (!mr) {
+            for (; i + 2 * W <= len; i += 2 * W) {
+                V a = vload(xr + i) * vs, b = vload(xr + i + W) * vs;
+                vstore(z + i, a);
+                vstore(z + i + W, b);
+                m0 = vmax(m0, a);
+                m1 = vmax(m1, b);
+            }
+        }
+        if (mr) {
+            for (; i + W <= len; i += W) {
+                V v = vsel(vmask_u8(mr + i), vset(-10000.0f), vload(xr + i) * vs);
+                vstore(z + i, v);
+                m0 = vmax(m0, v);
+            }
+        }
+        for (; i < len; i += W) {
+            const int64_t k = len - i < W ? len - i : W;
+            V v = ld(xr + i, k) * vs;
+            if (mr) {
+                alignas(64) float mk[W];
+                for (int64_t j = 0; j < W; ++j) mk[j] = (j < k && mr[i + j]) ? 1.0f : 0.0f;
+                v = vsel(vlt(vset(0.5f), vload(mk)), vset(-10000.0f), v);
+            }
+            st(z + i, v, k);
+            m0 = vmax(m0, k == W ? v : vload_part(z + i, k, ninf));
+        }
+        const V vm = vset(hmax(vmax(m0, m1)));
+        V s0 = vset(0.0f), s1 = vset(0.0f);
+        constexpr int STEP = 2 * W * (int)sizeof(T);
+        for (i = 0; i + 2 * W <= len; i += 2 * W) {
+            prefetch(pf + i * (int64_t)sizeof(T), STEP);
+            V a = exp_le0(vload(z + i) - vm), b = exp_le0(vload(z + i + W) - vm);
+            vstore(z + i, a);
+            vstore(z + i + W, b);
+            s0 = s0 + a;
+            s1 = s1 + b;
+        }
+        for (; i < len; i += W) {
+            const int64_t k = len - i < W ? len - i : W;
+            V e = exp_le0(ld(z + i, k) - vm);
+            st(z + i, e, k);
+            if (k < W) e = vload_part(z + i, k, 0.0f);  // padded lanes must not count
+            s0 = s0 + e;
+        }
+        const V inv = vset(1.0f / hsum(s0 + s1));
+        write_row(
+            yr, n, nt,
+            [&](int64_t j) {
+                if (j + W <= len) return vload(z + j) * inv;
+                return j >= len ? vset(0.0f) : vload_part(z + j, len - j, 0.f) * inv;  // causal tail: zeros
+            },
+            [&](int64_t j, int64_t k) { return vload_part(z + j, len - j < k ? (len > j ? len - j : 0) : k, 0.f) * inv; });
+    }
+    if (nt) stream_fence();
+}
+
+// dx = scale * y * (dy - sum(dy * y)) per row.
+template <class T>
+void tsoftmax_bwd_k(const void* dyv, const void* yv, void* dxv, int64_t rows, int64_t n, float scale, bool nt) {
+    const T* dy = (const T*)dyv;
+    const T* y = (const T*)yv;
+    T* dx = (T*)dxv;
+    for (int64_t r = 0; r < rows; ++r) {
+        const T* a = dy + r * n;
+        const T* b = y + r * n;
+        V acc0 = vset(0.0f), acc1 = vset(0.0f);
+        int64_t i = 0;
+        for (; i + 2 * W <= n; i += 2 * W) {
+            acc0 = vfma(vload(a + i), vload(b + i), acc0);
+            acc1 = vfma(vload(a + i + W), vload(b + i + W), acc1);
+        }
+        for (; i < n; i += W) {
+            const int64_t k = n - i < W ? n - i : W;
+            acc0 = vfma(ld(a + i, k), ld(b + i, k), acc0);
+        }
+        const V dot = vset(hsum(acc0 + acc1));
+        const V sc = vset(scale);
+        // the write pass reads this row from cache: fetch the next row's dy and y meanwhile
+        const char* pa = (const char*)(r + 1 < rows ? a + n : a);
+        const char* pb = (const char*)(r + 1 < rows ? b + n : b);
+        write_row(
+            dx + r * n, n, nt,
+            [&](int64_t j) {
+                prefetch(pa + j * (int64_t)sizeof(T), W * (int)sizeof(T));
+                prefetch(pb + j * (int64_t)sizeof(T), W * (int)sizeof(T));
+                return sc * vload(b + j) * (vload(a + j) - dot);
+            },
+            [&](int64_t j, int64_t k) { return sc * vload_part(b + j, k, 0.f) * (vload_part(a + j, k, 0.f) - dot); });
+    }
+    if (nt) stream_fence();
+}
+
+// Fused RoPE over rows of (token, head): x (tokens, heads, d), row (t, h) uses the angles of
+// position pos[t]: cos/sin (P, d2) fp32. On the first d2 channels y = x*cos + rot(x)*sin
+// (transpose: the backward, x*cos + rot^T(x*sin)); channels d2..d are copied.
+template <class T>
+void trope_k(const void* xv, const float* cosp, const float* sinp, const int64_t* pos, void* yv, int64_t t0,
+             int64_t t1, int64_t heads, int64_t d, int64_t d2, bool interleaved, bool transpose, bool nt) {
+    const T* x = (const T*)xv;
+    T* y = (T*)yv;
+    const int64_t h2 = d2 / 2;
+    const float sg = transpose ? -1.0f : 1.0f;  // rot(x) = (-x2, x1); rot^T(x) = (x2, -x1)
+    for (int64_t t = t0; t < t1; ++t) {
+        const float* c = cosp + pos[t] * d2;
+        const float* s = sinp + pos[t] * d2;
+        for (int64_t hh = 0; hh < heads; ++hh) {
+            const T* xr = x + (t * heads + hh) * d;
+            T* yr = y + (t * heads + hh) * d;
+            if (!interleaved) {
+                const T* x1 = xr;
+                const T* x2 = xr + h2;
+                // forward: y1 = x1 c1 - x2 s1, y2 = x2 c2 + x1 s2; backward: y1 = x1 c1 + x2 s2, y2 = x2 c2 - x1 s1
+                const float* sa = transpose ? s + h2 : s;
+                const float* sb = transpose ? s : s + h2;
+                write_row(
+                    yr, h2, nt, [&](int64_t i) { return vfma(vload(x2 + i) * vset(-sg), vload(sa + i), vload(x1 + i) * vload(c + i)); },
+                    [&](int64_t i, int64_t k) {
+                        return vfma(vload_part(x2 + i, k, 0.f) * vset(-sg), vload_part(sa + i, k, 0.f),
+                                    vload_part(x1 + i, k, 0.f) * vload_part(c + i, k, 0.f));
+                    });
+                write_row(
+                    yr + h2, h2, nt,
+                    [&](int64_t i) { return vfma(vload(x1 + i) * vset(sg), vload(sb + i), vload(x2 + i) * vload(c + h2 + i)); },
+                    [&](int64_t i, int64_t k) {
+                        return vfma(vload_part(x1 + i, k, 0.f) * vset(sg), vload_part(sb + i, k, 0.f),
+                                    vload_part(x2 + i, k, 0.f) * vload_part(c + h2 + i, k, 0.f));
+                    });
+            } else {
+                // forward y[j] = x[j] c[j] + (j odd ? x[j-1] : -x[j+1]) s[j];
+                // backward y[j] = x[j] c[j] + (j odd ? -x[j-1] s[j-1] : x[j+1] s[j+1])
+                alignas(64) float buf[W];
+                auto part = [&](int64_t i, int64_t k) {
+                    for (int64_t q = 0; q < W; ++q) {
+                        const int64_t j = i + q;
+                        if (q >= k) { buf[q] = 0.f; continue; }
+                        const float o = to_f32(xr[j ^ 1]);
+                        float v = to_f32(xr[j]) * c[j];
+                        if (!transpose) v += ((j & 1) ? o : -o) * s[j];
+                        else v += ((j & 1) ? -o * s[j - 1] : o * s[j + 1]);
+                        buf[q] = v;
+                    }
+                    return vload(buf);
+                };
+#if TO_ISA == 0
+                write_row(yr, d2, nt, [&](int64_t i) { return part(i, 1); }, part);
+#else
+                alignas(64) float sgv[W];
+                for (int q = 0; q < W; ++q) sgv[q] = ((q & 1) ? 1.f : -1.f) * sg;
+                const V sign = vload(sgv);
+                auto full = [&](int64_t i) {
+                    if (i & 1) return part(i, W);  // pairs straddle lanes: slow but right
+                    V vx = vload(xr + i);
+                    if (!transpose) return vfma(vswap_pairs(vx) * sign, vload(s + i), vx * vload(c + i));
+                    return vfma(vswap_pairs(vx * vload(s + i)) * sign, vset(1.0f), vx * vload(c + i));
+                };
+                write_row(yr, d2, nt, full, part);
+#endif
+            }
+            if (d2 < d)
+                write_row(
+                    yr + d2, d - d2, nt, [&](int64_t i) { return vload(xr + d2 + i); },
+                    [&](int64_t i, int64_t k) { return vload_part(xr + d2 + i, k, 0.f); });
+        }
+    }
+    if (nt) stream_fence();
+}
+
+// SGD (apex/TE): g = grad*scale [+ wd p]; momentum buffer; [+ wd p after]; p -= lr g.
+template <class T>
+void sgd_k(const void* gv, void* pv, void* bv, int64_t n, const SgdParams* a) {
+    const T* g = (const T*)gv;
+    T* p = (T*)pv;
+    T* b = (T*)bv;
+    const V scale = vset(a->scale), wd = vset(a->wd), mom = vset(a->momentum), damp = vset(1.0f - a->dampening),
+            lr = vset(a->lr);
+    for (int64_t i = 0; i < n; i += W) {
+        const int64_t k = n - i < W ? n - i : W;
+        V pp = ld(p + i, k);
+        V gg = ld(g + i, k) * scale;
+        if (a->wd != 0.0f && !a->wd_after) gg = vfma(wd, pp, gg);
+        if (a->momentum != 0.0f) {
+            V buf = a->first_run ? gg : vfma(mom, ld(b + i, k), damp * gg);
+            st(b + i, buf, k);
+            gg = a->nesterov ? vfma(mom, buf, gg) : buf;
+        }
+        if (a->wd != 0.0f && a->wd_after) gg = vfma(wd, pp, gg);
+        st(p + i, vfnma(lr, gg, pp), k);
+    }
+}
+
+template <class T>
+void fill_t(KernelTable& t, int dt) {
+    t.dact[dt][DA_GELU_TANH] = dact_k<T, DA_GELU_TANH>;
+    t.dact[dt][DA_SILU] = dact_k<T, DA_SILU>;
+    t.dact[dt][DA_QGELU] = dact_k<T, DA_QGELU>;
+    t.dact[dt][DA_RELU] = dact_k<T, DA_RELU>;
+    t.dact[dt][DA_SRELU] = dact_k<T, DA_SRELU>;
+    t.dact[dt][DA_SIGMOID] = dact_k<T, DA_SIGMOID>;
+    t.dglu[dt][DA_GELU_TANH] = dglu_k<T, DA_GELU_TANH>;
+    t.dglu[dt][DA_SILU] = dglu_k<T, DA_SILU>;
+    t.dglu[dt][DA_QGELU] = dglu_k<T, DA_QGELU>;
+    t.dglu[dt][DA_RELU] = dglu_k<T, DA_RELU>;
+    t.dglu[dt][DA_SRELU] = dglu_k<T, DA_SRELU>;
+    t.dglu[dt][DA_SIGMOID] = dglu_k<T, DA_SIGMOID>;
+    t.tsoftmax[dt] = tsoftmax_k<T>;
+    t.tsoftmax_bwd[dt] = tsoftmax_bwd_k<T>;
+    t.trope[dt] = trope_k<T>;
+    t.sgd[dt] = sgd_k<T>;
+}
+
+}  // namespace
+
+void fill_tex_train(KernelTable& t) {
+    fill_t<float>(t, DT_F32);
+    fill_t<f16>(t, DT_F16);
+    fill_t<bf16>(t, DT_BF16);
+}
+
+}  // namespace TO_NS
+}  // namespace to

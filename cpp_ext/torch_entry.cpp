@@ -1,0 +1,177 @@
+// torch_entry.cpp: torch CPU tensors on the plain-call entries (compiled once, baseline flags).
+//
+// The facade's plain-call entries (fast_entry.cpp) take NumPy arrays. A plain call on torch
+// CPU tensors -- `to.rms_norm(x, w)` with x, w torch tensors -- would otherwise go through
+// Python: `x.numpy()` and `w.numpy()` (~0.7 us each) and `torch.from_numpy` on the result,
+// ~2 us on a (1, 4096) call whose kernel takes ~0.6 us. Here the tensors are read with a few
+// attribute lookups each (data_ptr, shape, stride, dtype, is_cpu, requires_grad), viewed as
+// NumPy arrays over the same memory, passed to the same entry, and the result comes back by
+// torch.from_numpy. No libtorch is linked: tensor_ops/_torch_facade.py hands the module the
+// torch objects it compares with (_set_torch) the first time a tensor reaches the facade.
+//
+// Anything that is not plain (requires_grad -- autograd must record the call --, not CPU,
+// not C-contiguous, not aligned, empty, a dtype other than float32/float16/bfloat16, mixed
+// with NumPy arrays, weights of another dtype) returns None: the Python path (the same
+// validation and messages as NumPy input) takes it.
+#include "binding.h"
+#include "checks.h"
+
+namespace to {
+
+PyTypeObject* g_torch_tensor = nullptr;
+
+namespace {
+
+PyObject* g_dt[DT_COUNT] = {nullptr, nullptr, nullptr};  // torch.float32, float16, bfloat16
+PyObject* g_from_numpy = nullptr;
+PyObject *s_requires_grad, *s_is_cpu, *s_dtype, *s_shape, *s_stride, *s_data_ptr, *s_view;
+
+PyObject* declined() { Py_RETURN_NONE; }
+
+bool attr_is_true(PyObject* t, PyObject* name, bool& value) {
+    PyObject* v = PyObject_GetAttr(t, name);
+    if (!v) return false;
+    value = v == Py_True;
+    Py_DECREF(v);
+    return true;
+}
+
+// A NumPy view of a plain CPU tensor (new reference), or nullptr (an error is never left set).
+// dt: -1 to take the tensor's dtype, else the dtype it must have.
+PyObject* view_of(PyObject* t, int& dt) {
+    auto& api = py::detail::npy_api::get();
+    bool flag = false;
+    if (!attr_is_true(t, s_requires_grad, flag) || flag || !attr_is_true(t, s_is_cpu, flag) || !flag) {
+        PyErr_Clear();
+        return nullptr;
+    }
+    PyObject* d = PyObject_GetAttr(t, s_dtype);
+    if (!d) {
+        PyErr_Clear();
+        return nullptr;
+    }
+    int tdt = -1;
+    for (int i = 0; i < DT_COUNT; ++i)
+        if (d == g_dt[i]) tdt = i;
+    Py_DECREF(d);
+    if (tdt < 0 || (dt >= 0 && tdt != dt)) return nullptr;
+    PyObject* shape = PyObject_GetAttr(t, s_shape);
+    PyObject* stride = shape ? PyObject_CallMethodNoArgs(t, s_stride) : nullptr;
+    PyObject* ptr = stride ? PyObject_CallMethodNoArgs(t, s_data_ptr) : nullptr;
+    PyObject* out = nullptr;
+    if (ptr && PyTuple_Check(shape) && PyTuple_Check(stride) && PyTuple_GET_SIZE(shape) == PyTuple_GET_SIZE(stride)) {
+        const Py_ssize_t nd = PyTuple_GET_SIZE(shape);
+        Py_intptr_t dims[32];
+        bool ok = nd >= 1 && nd <= 32;
+        int64_t expect = 1;
+        for (Py_ssize_t i = nd - 1; ok && i >= 0; --i) {
+            const long long n = PyLong_AsLongLong(PyTuple_GET_ITEM(shape, i));
+            const long long s = PyLong_AsLongLong(PyTuple_GET_ITEM(stride, i));
+            ok = n > 0 && (n == 1 || s == expect);
+            dims[i] = (Py_intptr_t)n;
+            expect *= n;
+        }
+        void* p = PyLong_AsVoidPtr(ptr);
+        PyErr_Clear();
+        ok = ok && p && (uintptr_t)p % (uintptr_t)ELSIZE[tdt] == 0;
+        PyObject* descr = tdt == DT_F32   ? api.PyArray_DescrFromType_(NPY_FLOAT_)
+                          : tdt == DT_F16 ? api.PyArray_DescrFromType_(NPY_HALF_)
+                                          : g_bf16_descr;
+        if (ok && descr) {
+            if (tdt == DT_BF16) Py_INCREF(descr);  // NewFromDescr steals it; the cached one stays ours
+            out = api.PyArray_NewFromDescr_(api.PyArray_Type_, descr, (int)nd, dims, nullptr, p,
+                                            py::detail::npy_api::NPY_ARRAY_C_CONTIGUOUS_ |
+                                                py::detail::npy_api::NPY_ARRAY_ALIGNED_ |
+                                                py::detail::npy_api::NPY_ARRAY_WRITEABLE_,
+                                            nullptr);
+            if (!out) PyErr_Clear();
+        } else if (descr && tdt != DT_BF16) {
+            Py_DECREF(descr);
+        }
+    }
+    PyErr_Clear();
+    Py_XDECREF(shape);
+    Py_XDECREF(stride);
+    Py_XDECREF(ptr);
+    if (out) dt = tdt;
+    return out;
+}
+
+// torch.from_numpy(r) (bfloat16: through an int16 view, then .view(torch.bfloat16)); steals r.
+PyObject* as_tensor(PyObject* r, int dt) {
+    auto& api = py::detail::npy_api::get();
+    if (dt == DT_BF16) {
+        PyObject* v = api.PyArray_View_(r, api.PyArray_DescrFromType_(NPY_SHORT_), nullptr);
+        Py_DECREF(r);
+        if (!v) return nullptr;
+        r = v;
+    }
+    PyObject* t = PyObject_CallOneArg(g_from_numpy, r);
+    Py_DECREF(r);
+    if (!t || dt != DT_BF16) return t;
+    PyObject* b = PyObject_CallMethodOneArg(t, s_view, g_dt[DT_BF16]);
+    Py_DECREF(t);
+    return b;
+}
+
+void set_torch(const py::object& tensor, const py::object& f32, const py::object& f16, const py::object& bf16,
+               const py::object& from_numpy, const py::object& numpy_bf16) {
+    if (!PyType_Check(tensor.ptr())) throw py::type_error("tensor must be torch.Tensor (a type)");
+    if (!numpy_bf16.is_none() && !g_bf16_descr) {  // ml_dtypes' bfloat16, as checks.cpp would record it
+        py::dtype d = py::dtype::from_args(numpy_bf16);
+        if (d.itemsize() != 2) throw py::value_error("numpy_bfloat16 must be ml_dtypes' bfloat16 dtype");
+        Py_INCREF(d.ptr());
+        g_bf16_descr = d.ptr();
+        g_bf16_type_num = py::detail::array_descriptor_proxy(d.ptr())->type_num;
+    }
+    auto keep = [](const py::object& o) { Py_INCREF(o.ptr()); return o.ptr(); };  // for the process
+    g_dt[DT_F32] = keep(f32);
+    g_dt[DT_F16] = keep(f16);
+    g_dt[DT_BF16] = keep(bf16);
+    g_from_numpy = keep(from_numpy);
+    s_requires_grad = PyUnicode_InternFromString("requires_grad");
+    s_is_cpu = PyUnicode_InternFromString("is_cpu");
+    s_dtype = PyUnicode_InternFromString("dtype");
+    s_shape = PyUnicode_InternFromString("shape");
+    s_stride = PyUnicode_InternFromString("stride");
+    s_data_ptr = PyUnicode_InternFromString("data_ptr");
+    s_view = PyUnicode_InternFromString("view");
+    g_torch_tensor = (PyTypeObject*)keep(tensor);  // last: the entries look at it first
+}
+
+}  // namespace
+
+PyObject* torch_fast(FastEntry f, PyObject* self, PyObject* const* a, Py_ssize_t na) {
+    PyObject* views[8];
+    if (na > 8) return declined();
+    int dt = -1;
+    Py_ssize_t made = 0;
+    bool ok = true;
+    for (; ok && made < na; ++made) {
+        PyObject* o = a[made];
+        if (Py_TYPE(o) == g_torch_tensor) {
+            views[made] = view_of(o, dt);
+            ok = views[made] != nullptr;
+        } else if (py::detail::npy_api::get().PyArray_Check_(o)) {
+            ok = false;  // NumPy mixed with torch: the Python path names the argument
+            views[made] = nullptr;
+        } else {
+            Py_INCREF(o);
+            views[made] = o;
+        }
+    }
+    PyObject* r = ok ? f(self, views, na) : nullptr;
+    for (Py_ssize_t i = 0; i < made; ++i) Py_XDECREF(views[i]);
+    if (!ok) return declined();
+    if (!r || r == Py_None) return r;
+    return as_tensor(r, dt);
+}
+
+void register_torch(py::module_& m) {
+    using namespace pybind11::literals;
+    m.def("_set_torch", &set_torch, "tensor"_a, "float32"_a, "float16"_a, "bfloat16"_a, "from_numpy"_a,
+          "numpy_bfloat16"_a = py::none(),
+          "Let the plain-call entries take torch CPU tensors (tensor_ops/_torch_facade.py calls it once).");
+}
+
+}  // namespace to
