@@ -139,7 +139,7 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--sizes", nargs="*", default=["8192x4096"], help="ROWSxN, e.g. 8192x4096")
     p.add_argument("--ops", nargs="*", default=list(OPS), choices=list(OPS))
-    p.add_argument("--dtypes", nargs="*", default=["float32"], choices=["float32", "float16"])
+    p.add_argument("--dtypes", nargs="*", default=["float32"], choices=["float32", "float16", "bfloat16"])
     p.add_argument("--reps", type=int, default=7, help="interleaved rounds per case (default 7)")
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--small", action="store_true", help="only the (1, 4096) call-overhead measurement")
