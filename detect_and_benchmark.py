@@ -221,8 +221,9 @@ def main(argv=None) -> int:
     summary = ", ".join(f"{b['name']} {b['status']}" for b in builds) or "no build"
     _say(console, f"\nbuild: {summary}; numerics: {'FAILURES (see EXCLUDED above)' if failed_numerics else 'all ok'}; "
                   f"total {payload['timing_s']['all']:.0f}s")
-    _say(console, f"ceiling: {payload.get('ceiling')}" + (f", {payload['ceiling_gbps_largest']:.1f} GB/s at the "
-                                                          f"largest size" if payload.get("ceiling_gbps_largest") else ""))
+    largest = payload.get("ceiling_gbps_largest")
+    at_largest = f", {largest:.1f} GB/s at the largest size" if largest else ""
+    _say(console, f"ceiling: {payload.get('ceiling')}{at_largest}")
     if payload.get("busy_note"):
         _say(console, "WARNING: " + payload["busy_note"])
     return 1 if (failed_builds or failed_numerics or "error" in payload.get("written", {})) else 0

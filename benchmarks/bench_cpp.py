@@ -44,7 +44,8 @@ def run(sizes=((8192, 4096),), ops=OPS, dtypes=("float32",), reps: int = 7, thre
             baselines += ("torch",) + (("torch.compile",) if compile else ())
         except ImportError:
             pass
-    impls = [i for i in _bench.facade_impls({_bench.split_name(o)[0] for o in ops}) if i.backend == "cpp" and i.available]
+    names = {_bench.split_name(o)[0] for o in ops}
+    impls = [i for i in _bench.facade_impls(names) if i.backend == "cpp" and i.available]
     plan = _bench.BenchPlan(list(ops), list(dtypes), impls, "fixed", list(sizes), budget_s=0, min_rounds=reps,
                             baselines=baselines, fresh=True, memcpy=True)
     return _bench.benchmark(plan)["results"]
@@ -91,7 +92,7 @@ def threshold_scan(reps: int = 30) -> list[dict]:
             x = np.random.default_rng(0).standard_normal((rows, 1024)).astype(np.float32)
             y, w = np.empty_like(x), np.ones(1024, np.float32)
 
-            def f(th):
+            def f(th, x=x, w=w, y=y):
                 def g():
                     C.set_num_threads(th)
                     for _ in range(10):

@@ -115,9 +115,11 @@ def main(argv=None) -> int:
             r = run(**shape, dtype=getattr(torch, dt), mode=mode, rounds=a.rounds)
             res.append(r)
             hf, me = r["profile"]["hf"], r["profile"]["tensor_ops"]
-            print(f"{r['dtype']:<9} {mode:<17} step {r['step_s']['hf'] * 1e3:8.0f} -> {r['step_s']['tensor_ops'] * 1e3:8.0f} ms"
+            print(f"{r['dtype']:<9} {mode:<17} step {r['step_s']['hf'] * 1e3:8.0f} -> "
+                  f"{r['step_s']['tensor_ops'] * 1e3:8.0f} ms"
                   f" (x{r['step_speedup']:.2f}); non-matmul {hf['other_s'] * 1e3:7.0f} -> {me['other_s'] * 1e3:6.0f} ms"
-                  f" (x{r['non_matmul_speedup']:.2f}); matmul {hf['matmul_s'] * 1e3:6.0f} / {me['matmul_s'] * 1e3:6.0f} ms",
+                  f" (x{r['non_matmul_speedup']:.2f}); matmul {hf['matmul_s'] * 1e3:6.0f} / "
+                  f"{me['matmul_s'] * 1e3:6.0f} ms",
                   flush=True)
     print(f"\nshape {shape}; {res[0]['patched']}")
     for r in res:

@@ -264,6 +264,7 @@ def impl_entry(case: Case, ir: ImplRef, fresh: bool = False) -> Entry:
 
 
 def baseline_entry(case: Case, name: str) -> Entry:
+    fn: Optional[Callable]
     if name == "numpy formula":
         fn, why = numpy_formula(case), ""
     else:
@@ -305,7 +306,7 @@ def stats(timings: dict, bytes_moved: int, ceiling: str = "ceiling") -> dict:
         vs = {c: median_ratio(o, t) for c, o in timings.items() if med and c not in (col, ceiling) and not o.error}
         out[col] = {"median_s": med, "best_s": min(ts) if ts else None, "reps": len(ts),
                     "gbps": bytes_moved / med / 1e9 if med else None,
-                    "x_ceiling": median_ratio(ceil, t) if (med and ceil_t) else None,
+                    "x_ceiling": median_ratio(ceil, t) if (med and ceil is not None and ceil_t) else None,
                     "ceiling_gbps": bytes_moved / float(np.median(ceil_t)) / 1e9 if ceil_t else None,
                     "vs": {c: v for c, v in vs.items() if v is not None}, "error": t.error or None}
     return out

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Callable, Optional
+from typing import Any, Callable, Optional
 
 import numpy as np
 
@@ -46,7 +46,7 @@ class Case:
     op: str
     variant: str
     dtype: str
-    x: np.ndarray
+    x: Any                  # np.ndarray, or a torch tensor (torch_case)
     args: tuple
     out_shape: tuple
     bytes_moved: int
@@ -86,9 +86,9 @@ def make_case(op: str, dtype: str, shape, variant: str = "", seed: int = 0) -> C
     dt = np.dtype(dtype)
     shape = tuple(shape)
     # float32 draws: half the memory and time of float64 ones at the ladder's 256 MiB sizes
-    x = rng.standard_normal(shape, dtype=np.float64 if dt == np.float64 else np.float32)
-    x *= 2
-    x = x.astype(dt, copy=False)
+    draw = np.asarray(rng.standard_normal(shape, dtype=np.float64 if dt == np.float64 else np.float32))
+    draw *= 2
+    x = draw.astype(dt, copy=False)
     n = shape[-1]
     label = "x".join(map(str, shape))
     args: tuple = ()
@@ -165,12 +165,13 @@ def _torch_math(case: Case):
     import torch
     import torch.nn.functional as F
     x = torch.from_numpy(case.x) if isinstance(case.x, np.ndarray) else case.x
-    a = [torch.from_numpy(v) if isinstance(v, np.ndarray) else v for v in case.args]
+    a: list[Any] = [torch.from_numpy(v) if isinstance(v, np.ndarray) else v for v in case.args]
     op, n, h = case.op, case.x.shape[-1], case.x.shape[-1] // 2
     if op == "rms_norm":
         return (lambda x, w: F.rms_norm(x, (n,), w, a[1])), (x, a[0])
     if op == "layer_norm":
-        return (lambda x, w, b=None: F.layer_norm(x, (n,), w, b, a[2])), (x, a[0]) + ((a[1],) if a[1] is not None else ())
+        ln_args = (x, a[0]) + ((a[1],) if a[1] is not None else ())
+        return (lambda x, w, b=None: F.layer_norm(x, (n,), w, b, a[2])), ln_args
     if op == "softmax":
         return (lambda x: torch.softmax(x, -1)), (x,)
     if op in ("silu", "relu"):

@@ -116,7 +116,7 @@ def pipeline(args, console, detected: Optional[dict] = None, write: bool = False
         for iid, why in d.items():
             say(console, f"  EXCLUDED {iid} from {op}: {why}")
     if strict and excluded:
-        payload = {"aborted": "--strict: a backend failed validation; nothing benchmarked or written",
+        payload: dict = {"aborted": "--strict: a backend failed validation; nothing benchmarked or written",
                    "detected": detected, "validation": validation, "results": []}
         save_json(payload, args)
         say(console, payload["aborted"])

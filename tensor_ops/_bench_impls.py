@@ -47,7 +47,7 @@ def facade_impls(ops, backends: Optional[list] = None) -> list[ImplRef]:
                 continue
             ok, why = m.availability(impl)
             excl = m._exclusion(impl)
-            out.append(ImplRef(op, impl.impl_id, impl.backend, impl.kind.value, impl_token(impl),
+            out.append(ImplRef(op, impl.impl_id, impl.backend or "", impl.kind.value, impl_token(impl),
                                not excl, excl or ("" if ok else why)))
     return out
 
@@ -56,7 +56,7 @@ def facade_impls(ops, backends: Optional[list] = None) -> list[ImplRef]:
 def host_copies_allowed():
     """Let GPU backends take host arrays while timing them (their tuned policy decides later)."""
     saved = []
-    for name, mod in _global.builtins().items():
+    for mod in _global.builtins().values():
         setter = getattr(mod, "set_host_copy_policy", None)
         if setter is None or isinstance(mod, str):
             continue
@@ -116,7 +116,8 @@ def validate(impls: list[ImplRef], dtypes=("float32", "float16"), progress: Opti
                     if ir.op == "matmul" and len(shape) > 2:
                         continue
                     for variant in VARIANTS.get(ir.op, ("",)):
-                        case = make_case(ir.op, dt, shape, variant, seed=zlib.crc32(repr((ir.op, shape)).encode()) % 1000)
+                        seed = zlib.crc32(repr((ir.op, shape)).encode()) % 1000
+                        case = make_case(ir.op, dt, shape, variant, seed=seed)
                         why = _check(case, ir.impl_id)
                         if why == "declined":
                             rec["declined"] += 1

@@ -138,7 +138,8 @@ def report(payload: dict, con) -> None:
     for first, rows in by_case(results):
         ceil = rows.get("ceiling", {}).get("gbps")
         lines.append([first.get("name", first["op"]), first["dtype"].replace("float", "f"), first["shape"],
-                      _human(first["bytes_moved"]), f"{ceil:.1f}" if ceil else "-"] + [_cell(rows.get(c)) for c in cols])
+                      _human(first["bytes_moved"]), f"{ceil:.1f}" if ceil else "-"]
+                     + [_cell(rows.get(c)) for c in cols])
     title = (f"GB/s (read+write), × ceiling and × numpy (medians of per-round ratios); "
              f"ceiling = {payload.get('ceiling') or '-'}")
     show_table(con, title, ["op", "dtype", "x", "moved", "ceiling"] + cols, lines)
@@ -170,9 +171,11 @@ def plot(payload: dict, path: Path) -> None:
         for col, dt in sorted({(r["col"], r["dtype"]) for r in mine}):
             pts = sorted((r["bytes_moved"], r["x_ceiling"]) for r in mine if (r["col"], r["dtype"]) == (col, dt))
             ax.plot([p[0] for p in pts], [p[1] for p in pts], styles.get(dt, "-"), marker="o", ms=3,
-                    color=colors.get(col.replace(" (fresh)", ""), "tab:olive"), label=f"{col} {dt.replace('float', 'f')}")
+                    color=colors.get(col.replace(" (fresh)", ""), "tab:olive"),
+                    label=f"{col} {dt.replace('float', 'f')}")
         ax.axhline(1.0, ls="--", color="black", lw=1.0, label="ceiling")
-        ceil = [r for r in payload["results"] if r["kind"] == "ceiling" and r.get("name", r["op"]) == name and r.get("gbps")]
+        ceil = [r for r in payload["results"]
+                if r["kind"] == "ceiling" and r.get("name", r["op"]) == name and r.get("gbps")]
         big = max(ceil, key=lambda r: r["bytes_moved"], default=None)
         ax.set_title(name + (f" (ceiling {big['gbps']:.0f} GB/s at {_human(big['bytes_moved'])})" if big else ""),
                      fontsize=9)

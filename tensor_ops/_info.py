@@ -65,8 +65,9 @@ def get_backend_info() -> dict:
     ``vendors`` (non-built-in impls); ``torch`` (whether the torch ops for autograd and
     torch.compile are registered, or why not); ``ops`` (order, selected impl, calls, fallbacks,
     source, and ``native_entry`` when plain calls go straight to a native entry, see
-    CONTRIBUTING.md "The fast path for plain calls"); ``plugins`` (loaded/failed with reasons); ``tuning`` status; ``env`` (the
-    project's variables that are set: every TENSOR_OPS_* / TE_* name declared in ``_env.py``).
+    CONTRIBUTING.md "The fast path for plain calls"); ``plugins`` (loaded/failed with reasons);
+    ``tuning`` status; ``env`` (the project's variables that are set: every TENSOR_OPS_* /
+    TE_* name declared in ``_env.py``).
 
     Example:
         >>> import tensor_ops as to

@@ -227,7 +227,8 @@ class OpManager:
                     f"backend {tok!r} was forced for op {op!r} ({source}) but is not available: {reasons}")
             if not named:
                 if not any(match(i, tok) for i in self.registry.all_impls()) and tok not in self._names():
-                    raise BackendUnavailableError(f"backend {tok!r} was forced ({source}) but nothing by that name is registered")
+                    raise BackendUnavailableError(
+                        f"backend {tok!r} was forced ({source}) but nothing by that name is registered")
                 if api == "facade" and not fallback_set:
                     raise self._unsupported(op, tok, source, f"op {op!r}", [])
                 note = f"{tok!r} has no {op!r}; served by the fallback"
@@ -452,7 +453,8 @@ class OpManager:
                     calls[impl.impl_id] = calls.get(impl.impl_id, 0) + n
             for (op, api, name, what), n in self._substituted.items():
                 label = f"tex:{op}" if api == "tex" and is_shared(op) else op
-                out.setdefault(label, {}).setdefault("substituted", {})[name] = {"count": n, "reason": f"does not support {what}"}
+                subs = out.setdefault(label, {}).setdefault("substituted", {})
+                subs[name] = {"count": n, "reason": f"does not support {what}"}
             for (op, api, impl_id), (n, reason) in self._failures.items():
                 name = f"tex:{op}" if api == "tex" and is_shared(op) else op
                 out.setdefault(name, {}).setdefault("failures", {})[impl_id] = {"count": n, "last_error": reason}

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from typing import Callable, Iterable, Optional
 
 from . import _env, _version
-from ._config import FileConfig, check_op, check_token, known_names, load_config, parse_order
+from ._config import FileConfig, check_op, known_names, load_config, parse_order
 from ._errors import ConfigError
 from ._ops import BUILTIN_BACKENDS
 
@@ -64,7 +64,7 @@ def machine_fingerprint() -> dict:
     try:
         with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as fh:
             for line in fh:
-                if line.startswith("model name") and not model.strip(" x86_64"):
+                if line.startswith("model name") and not model.replace("x86_64", "").strip():
                     model = line.split(":", 1)[1].strip()
                 elif line.startswith("model name"):
                     model = line.split(":", 1)[1].strip()

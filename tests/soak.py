@@ -183,7 +183,8 @@ def run(threads: int = 4, calls: int = 100_000, config_path: Path | None = None,
                     ref, _ = inp.call(op, c, layout, "numpy")
                     tol = 2e-2 if c["x"].dtype == np.float16 else 1e-4
                     if y.shape != ref.shape or y.dtype != ref.dtype or not np.allclose(
-                            y.astype(np.float64), ref.astype(np.float64), rtol=tol, atol=tol * (1 + (op == "matmul") * 30)):
+                            y.astype(np.float64), ref.astype(np.float64), rtol=tol,
+                            atol=tol * (1 + (op == "matmul") * 30)):
                         bad.append(f"{op} {layout} order={order}: max diff "
                                    f"{np.abs(y.astype(np.float64) - ref.astype(np.float64)).max()}")
                     checked[i] += 1
@@ -235,7 +236,7 @@ def run(threads: int = 4, calls: int = 100_000, config_path: Path | None = None,
     growth_mb = (rss["end"] - rss.get("baseline", rss["end"])) / 2**20
     info = to.get_backend_info()
     served: dict = {}
-    for op, o in info.get("ops", {}).items():
+    for o in info.get("ops", {}).values():
         for impl, n in o.get("calls", {}).items():
             served[impl] = served.get(impl, 0) + n
     if old_cfg is None:

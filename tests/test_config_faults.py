@@ -55,7 +55,8 @@ BAD_FILES = [  # (id, file text, fragments the message must contain)
     ("tuning-no-fingerprint", '{"tuning": {"ops": {}}}', ["'tuning'.fingerprint must be an object"]),
     ("tuning-bad-bucket", '{"tuning": {"fingerprint": {}, "ops": {"silu": {"float32": [{"max_bytes": 10}]}}}}',
      ["'tuning'.ops.silu.float32[0]"]),
-    ("tuning-unknown-dtype", '{"tuning": {"fingerprint": {}, "ops": {"silu": {"int8": [{"max_bytes": null, "order": ["cpp"]}]}}}}',
+    ("tuning-unknown-dtype",
+     '{"tuning": {"fingerprint": {}, "ops": {"silu": {"int8": [{"max_bytes": null, "order": ["cpp"]}]}}}}',
      ["unknown dtype 'int8'"]),
     ("detected-list", '{"detected": []}', ["'detected' must be an object"]),
 ]

@@ -95,7 +95,7 @@ def test_quick_run_writes_a_valid_tuning_table(quick_run):
     tuning = cfg.tuning
     assert _policy.fingerprint_mismatch(tuning["fingerprint"]) is None
     assert set(tuning["ops"]) == {"silu", "relu", "softmax"}
-    for op, per_dtype in tuning["ops"].items():
+    for per_dtype in tuning["ops"].values():
         assert set(per_dtype) == {"float32", "float16"}
         for buckets in per_dtype.values():
             assert buckets[-1]["max_bytes"] is None

@@ -141,7 +141,8 @@ def test_parsers(name, value, want):
 
 
 @pytest.mark.parametrize("name,value,frags", [
-    ("TENSOR_OPS_STRICT", "maybe", ["TENSOR_OPS_STRICT='maybe'", "['0', '1', 'false', 'no', 'off', 'on', 'true', 'yes']"]),
+    ("TENSOR_OPS_STRICT", "maybe",
+     ["TENSOR_OPS_STRICT='maybe'", "['0', '1', 'false', 'no', 'off', 'on', 'true', 'yes']"]),
     ("TEFL_LOG_LEVEL", "loud", ["TEFL_LOG_LEVEL='loud'", "['CRITICAL', 'DEBUG', 'ERROR', 'INFO', 'WARNING']"]),
     ("TE_FL_PREFER", "cpp", ["TE_FL_PREFER='cpp'", "['flagos', 'reference', 'vendor']"]),
     ("TENSOR_OPS_CPP_CACHE_MB", "-1", ["TENSOR_OPS_CPP_CACHE_MB='-1'", "whole number"]),
@@ -175,10 +176,10 @@ def test_info_lists_every_project_variable_set(monkeypatch):
 def test_build_helpers_load_by_path_without_the_package(tmp_path):
     """setup.py's view: tensor_ops and NumPy unimportable, each helper loaded by file path; they
     share the runtime's location rule and read variables through the registry."""
-    code = textwrap.dedent(f"""
+    code = textwrap.dedent("""
         import importlib.util, sys
         sys.modules["tensor_ops"] = sys.modules["numpy"] = None      # any import of them fails
-        mods = {{}}
+        mods = {}
         for name in ("jsonfile", "capabilities", "cpp_build", "cuda_build", "opencl_build"):
             spec = importlib.util.spec_from_file_location("_t_" + name, "tensor_ops/_build/" + name + ".py")
             mods[name] = importlib.util.module_from_spec(spec)
@@ -187,8 +188,8 @@ def test_build_helpers_load_by_path_without_the_package(tmp_path):
         assert jf.write_target() == jf.locate()[0], jf.locate()
         assert jf.env.get("TENSOR_OPS_SKIP_CPP") is True
         assert mods["cpp_build"].extensions() == []
-        path = jf.update_section("built", "cpp", {{"ok": False, "reason": "test"}})
-        assert jf.recorded("built", "cpp") == {{"ok": False, "reason": "test"}}, path
+        path = jf.update_section("built", "cpp", {"ok": False, "reason": "test"})
+        assert jf.recorded("built", "cpp") == {"ok": False, "reason": "test"}, path
         print(path)
     """)
     cfg = tmp_path / "b.json"
@@ -223,7 +224,8 @@ def test_no_second_version_or_schema_source():
     pattern = re.compile(r"""(?:__version__|SCHEMA_VERSION)\s*=|version\s*=\s*["']\d""")
     owners = {"tensor_ops/_version.py", "tensor_ops/_build/jsonfile.py"}
     stray = [f"{p.relative_to(ROOT)}:{i}" for p in _source_files() if p.suffix == ".py"
-             and p.relative_to(ROOT).as_posix() not in owners and not p.relative_to(ROOT).as_posix().startswith("tests/")
+             and p.relative_to(ROOT).as_posix() not in owners
+             and not p.relative_to(ROOT).as_posix().startswith("tests/")
              for i, line in enumerate(p.read_text(encoding="utf-8").splitlines(), 1) if pattern.search(line)]
     assert not stray, stray
     assert __version__ not in (ROOT / "setup.py").read_text()

@@ -221,20 +221,24 @@ PLUGINS = {
     "p_syntax_error": "def register(:\n",
     "p_register_raises": ("from tensor_ops.plugin import OpImpl\n"
                           "def register(registry):\n"
-                          "    registry.register_impl(OpImpl(op_name='silu', impl_id='vendor.halfway', kind='vendor', fn=print, api='facade'))\n"
+                          "    registry.register_impl(OpImpl(op_name='silu', impl_id='vendor.halfway', kind='vendor',\n"
+                          "                                  fn=print, api='facade'))\n"
                           "    raise RuntimeError('injected: init failed after one registration')\n"),
     "p_register_exits": "import sys\ndef register(registry):\n    sys.exit(3)\n",
     "p_no_register": "VALUE = 1\n",
     "p_unknown_op": ("from tensor_ops.plugin import OpImpl\n"
                      "def register(registry):\n"
-                     "    registry.register_impl(OpImpl(op_name='rmsnorm', impl_id='vendor.typo', kind='vendor', fn=print))\n"),
+                     "    registry.register_impl(OpImpl(op_name='rmsnorm', impl_id='vendor.typo', kind='vendor',\n"
+                     "                                  fn=print))\n"),
     "p_duplicate": ("from tensor_ops.plugin import OpImpl\n"
                     "def register(registry):\n"
-                    "    registry.register_impl(OpImpl(op_name='silu', impl_id='reference.numpy', kind='reference', fn=print, api='facade'))\n"),
+                    "    registry.register_impl(OpImpl(op_name='silu', impl_id='reference.numpy', kind='reference',\n"
+                    "                                  fn=print, api='facade'))\n"),
     "p_good": ("import numpy as np\nfrom tensor_ops.plugin import OpImpl\n"
                "def register(registry):\n"
                "    registry.register_impl(OpImpl(op_name='relu', impl_id='vendor.good', kind='vendor',\n"
-               "        fn=lambda x, out: np.maximum(x, 0) if out is None else np.maximum(x, 0, out=out), api='facade'))\n"),
+               "        fn=lambda x, out: np.maximum(x, 0) if out is None else np.maximum(x, 0, out=out),\n"
+               "        api='facade'))\n"),
 }
 EXPECT_PLUGIN = {
     "p_import_fails": "ImportError: injected: vendor SDK missing",
@@ -358,7 +362,8 @@ def test_native_runtime_failure_falls_back(backend, hook, isolated_config, tmp_p
     assert len(got["warnings"]) == len(got["ops"]), got["warnings"]          # exactly one per op
     assert all(got["expect"] in w and got["iid"] in w for w in got["warnings"]), got["warnings"]
     for op in got["ops"]:
-        assert got["fails"][op]["count"] == 3 and got["expect"] in got["fails"][op]["last_error"], (op, got["fails"][op])
+        fails = got["fails"][op]
+        assert fails["count"] == 3 and got["expect"] in fails["last_error"], (op, fails)
         assert got["calls"][op].get("reference.numpy", 0) >= 3 and got["iid"] not in got["calls"][op]
     assert got["strict"] and "strict mode forbids fallback" in got["strict"] and got["expect"] in got["strict"]
 

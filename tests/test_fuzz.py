@@ -90,7 +90,8 @@ _S = {
     "layout": st.sampled_from(LAYOUTS), "dist": st.sampled_from(["normal", "uniform", "ints", "const", "spread"]),
     "offset": st.sampled_from([0.0, 0.0, 0.5, -3.0]), "seed": st.integers(0, 2**16),
     "specials": st.lists(st.tuples(st.integers(0, 100), st.sampled_from(SPECIALS)), max_size=3),
-    "out": st.sampled_from(["none", "none", "contig", "strided", "alias"]), "mode": st.sampled_from(["keyword", "policy"]),
+    "out": st.sampled_from(["none", "none", "contig", "strided", "alias"]),
+    "mode": st.sampled_from(["keyword", "policy"]),
     "eps": st.sampled_from([1e-6, 1e-5, 0.0, 1e-2, 1.0]), "k": st.sampled_from([1, 3, 8, 17, 64]),
     "kind": st.sampled_from(KINDS),
     **{f"log10_{d}": st.integers(-6 if d == "float16" else -30, int(SAFE_LOG10[d])) for d in DTYPES},
@@ -291,7 +292,8 @@ def compare(p, got, want, where, atol_scale=None, ignore=None):
     if bad.any():
         i = np.argwhere(fin)[np.argmax(bad)]
         raise AssertionError(f"{where}: {int(bad.sum())} of {bad.size} values off; first at {tuple(i)}: "
-                             f"got {g[tuple(i)]!r} want {want[tuple(i)]!r} (rtol {rtol:g}, atol {float(np.max(atol)):g})")
+                             f"got {g[tuple(i)]!r} want {want[tuple(i)]!r} "
+                             f"(rtol {rtol:g}, atol {float(np.max(atol)):g})")
 
 
 # --------------------------------------------------------------------------- known defects
@@ -489,7 +491,7 @@ def _tiny_rows(p, x):
 def _check_ovf(got, want, rows, where):
     g = got.astype(np.float64).reshape(-1, got.shape[-1])[rows]
     w = want.reshape(-1, want.shape[-1])[rows]
-    for i, (gr, wr) in enumerate(zip(g, w)):
+    for gr, wr in zip(g, w):
         if np.isnan(gr).all():
             continue
         ok = np.isfinite(wr)

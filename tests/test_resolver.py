@@ -65,7 +65,8 @@ def test_seed_example_runs_as_written():
 def test_duplicate_registration_names_both_sites():
     reg = OpRegistry()
     reg.register_impl(_impl("relu", "vendor.a"))
-    with pytest.raises(ValueError, match=r"first registered at .*test_resolver.py:\d+, again at .*test_resolver.py:\d+"):
+    with pytest.raises(ValueError,
+                       match=r"first registered at .*test_resolver.py:\d+, again at .*test_resolver.py:\d+"):
         reg.register_impl(_impl("relu", "vendor.a"))
 
 
@@ -159,7 +160,8 @@ def test_forced_backend_without_the_op_is_an_error(monkeypatch, unforced):
     try:
         monkeypatch.setenv("TENSOR_OPS_BACKEND", "only_silu")
         to.reload_config()
-        with pytest.raises(to.BackendUnsupportedError, match=r"'only_silu' was forced .* does not support op 'relu'.*ops \['silu'\]"):
+        with pytest.raises(to.BackendUnsupportedError,
+                           match=r"'only_silu' was forced .* does not support op 'relu'.*ops \['silu'\]"):
             to.relu(np.array([-1.0, 2.0], np.float32))
         monkeypatch.setenv("TENSOR_OPS_FALLBACK_BACKEND", "numpy")
         to.reload_config()
@@ -210,10 +212,13 @@ def test_fallback_setting_in_backend_json(isolated_config, unforced):
         pytest.skip("cpp unavailable")
     with pytest.warns(to.BackendFallbackWarning, match="float64"):
         y = to.silu(np.zeros((2, 8)))
-    assert y.dtype == np.float64 and to.get_backend_info()["settings"]["fallback"]["source"] == "backend.json 'fallback'"
+    assert y.dtype == np.float64
+    assert to.get_backend_info()["settings"]["fallback"]["source"] == "backend.json 'fallback'"
 
 
-def _failing(op="relu", exc=RuntimeError("driver exploded")):
+def _failing(op="relu", exc=None):
+    exc = exc if exc is not None else RuntimeError("driver exploded")
+
     def fn(x, out):
         raise exc
     return _impl(op, "vendor.broken", priority=999, fn=fn)
@@ -456,7 +461,8 @@ def test_tuned_order_naming_a_gpu_checks_its_devices(tmp_path, recorded, probe, 
     assert asked == ([] if recorded is None else ["opencl"])
     assert bool(s.gpu_mismatch_notes.get("opencl")) is (not followed)
     if not followed:
-        assert "when tuned" in s.gpu_mismatch_notes["opencl"] and "detect_and_benchmark" in s.gpu_mismatch_notes["opencl"]
+        note = s.gpu_mismatch_notes["opencl"]
+        assert "when tuned" in note and "detect_and_benchmark" in note
     s.order_for("silu", "float32", 1 << 10)
     assert asked.count("opencl") <= 1                                      # probed once per settings
 

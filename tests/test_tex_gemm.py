@@ -59,7 +59,8 @@ def test_leading_dims_and_output_dtype():
 
 
 def test_bias_gelu_epilogue_and_dgelu():
-    x, W, b = T.rand((6, 12), torch.float32), T.rand((10, 12), torch.float32, seed=1), T.rand((10,), torch.float32, seed=2)
+    x, W = T.rand((6, 12), torch.float32), T.rand((10, 12), torch.float32, seed=1)
+    b = T.rand((10,), torch.float32, seed=2)
     D, bg, pre, _ = gemm(W, True, x, False, bias=b, gelu=True)
     pre_ref = x.double() @ W.double().t() + b.double()
     T.assert_close(pre, pre_ref, red=12)

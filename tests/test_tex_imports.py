@@ -71,7 +71,7 @@ def _graph(module_level_only: bool) -> dict:
         edges: set = set()
         funcs = (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)
 
-        def visit(node, in_function):
+        def visit(node, in_function, funcs=funcs, edges=edges, mod=mod):
             for child in ast.iter_child_nodes(node):
                 inner = in_function or isinstance(child, funcs)
                 if isinstance(child, (ast.Import, ast.ImportFrom)) and not (module_level_only and inner):

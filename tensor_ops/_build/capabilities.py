@@ -21,6 +21,7 @@ try:
 except ImportError:  # loaded by file path (setup.py, detect_and_benchmark.py): no package here
     _spec = importlib.util.spec_from_file_location("_tensor_ops_build_jsonfile",
                                                    Path(__file__).with_name("jsonfile.py"))
+    assert _spec is not None and _spec.loader is not None, "tensor_ops/_build/jsonfile.py is missing"
     jsonfile = importlib.util.module_from_spec(_spec)
     _spec.loader.exec_module(jsonfile)
 
@@ -37,7 +38,7 @@ def _run(cmd, timeout=60):
 
 def detect_cpu() -> dict:
     """CPU model and ISA extensions the OS has enabled (Linux hides flags it can't save)."""
-    info = {"machine": platform.machine(), "model": platform.processor() or "", "flags": [],
+    info: dict = {"machine": platform.machine(), "model": platform.processor() or "", "flags": [],
             "cores": os.cpu_count(), "source": "none"}
     try:
         import cpuinfo  # py-cpuinfo: portable, also reads CPUID where /proc is absent
@@ -79,7 +80,7 @@ def detect_openmp(cxx: str = "g++") -> dict:
 
 
 def detect_compilers() -> dict:
-    out = {}
+    out: dict = {}
     for name in ("g++", "clang++", "nvcc"):
         exe = shutil.which(name)
         if exe is None:

@@ -33,6 +33,7 @@ try:
 except ImportError:  # loaded by file path (setup.py) or run as a script: no package here
     _spec = importlib.util.spec_from_file_location("_tensor_ops_build_jsonfile",
                                                    Path(__file__).with_name("jsonfile.py"))
+    assert _spec is not None and _spec.loader is not None, "tensor_ops/_build/jsonfile.py is missing"
     jsonfile = importlib.util.module_from_spec(_spec)
     _spec.loader.exec_module(jsonfile)
 _env = jsonfile.env

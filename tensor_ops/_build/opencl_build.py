@@ -22,6 +22,7 @@ try:
 except ImportError:  # loaded by file path (setup.py): the package is not imported here
     _spec = importlib.util.spec_from_file_location("_tensor_ops_build_jsonfile",
                                                    Path(__file__).with_name("jsonfile.py"))
+    assert _spec is not None and _spec.loader is not None, "tensor_ops/_build/jsonfile.py is missing"
     jsonfile = importlib.util.module_from_spec(_spec)
     _spec.loader.exec_module(jsonfile)
 

@@ -57,7 +57,7 @@ def _probe(mod) -> str:
     want = {
         "rms_norm": x64 / np.sqrt((x64 * x64).mean(-1, keepdims=True) + 1e-6) * w,
         "silu": x64 / (1.0 + np.exp(-x64)),
-        "softmax": np.exp(x64 - x64.max(-1, keepdims=True)) / np.exp(x64 - x64.max(-1, keepdims=True)).sum(-1, keepdims=True),
+        "softmax": (lambda e: e / e.sum(-1, keepdims=True))(np.exp(x64 - x64.max(-1, keepdims=True))),
     }
     got = {
         "rms_norm": mod.rms_norm(x, w, 1e-6, None),

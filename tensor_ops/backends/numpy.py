@@ -145,7 +145,8 @@ def _probe() -> str:
 
 
 def info() -> dict:
-    return {"numpy": np.__version__, "erf": "scipy.special.erf" if _erf.__class__.__name__ != "vectorize" else "math.erf"}
+    erf = "scipy.special.erf" if _erf.__class__.__name__ != "vectorize" else "math.erf"
+    return {"numpy": np.__version__, "erf": erf}
 
 
 BACKEND = Backend(name="numpy", ops=ops_from(globals()), probe=_probe, kind=BackendImplKind.REFERENCE,
