@@ -35,6 +35,21 @@ void layer_norm_row_f64(const TX* xr, const float* w, const float* b, T* yr, int
     }
 }
 
+// One row of rms_norm in double, for rows whose fp32 sum of squares overflowed (|x| >
+// ~1.8e19 on finite input): finite input never turns into 0. Rows holding inf/NaN come out
+// as the fp32 formula makes them (x * 0 or NaN), the double sum being inf/NaN too.
+template <class T, class TX>
+void rms_norm_row_f64(const TX* xr, const float* w, T* yr, int64_t n, float eps, float* rsigma) {
+    double ss = 0.0;
+    for (int64_t i = 0; i < n; ++i) {
+        const double v = (double)to_f32(xr[i]);
+        ss += v * v;
+    }
+    const double rs = 1.0 / std::sqrt(ss / (double)n + (double)eps);
+    if (rsigma) *rsigma = (float)rs;
+    for (int64_t i = 0; i < n; ++i) put(yr + i, (float)((double)to_f32(xr[i]) * rs * (double)w[i]));
+}
+
 inline float rsqrt_of(double ss, int64_t n, float eps) { return (float)(1.0 / std::sqrt(ss / (double)n + (double)eps)); }
 
 // Each row: statistics (from memory), then the write from cache while the next row is
@@ -46,7 +61,12 @@ void rms_norm_k(const void* xv, const float* w, void* yv, int64_t rows, int64_t 
     T* y = (T*)yv;
     for (int64_t r = 0; r < rows; ++r) {
         const T* xr = x + r * n;
-        const float rs = rsqrt_of(row_sumsq(xr, n), n, eps);
+        const double ss = row_sumsq(xr, n);
+        if (!std::isfinite(ss)) {  // fp32 lanes overflowed: this row in double (rare: scalar is fine)
+            rms_norm_row_f64(xr, w, y + r * n, n, eps, rsigma ? rsigma + r : nullptr);
+            continue;
+        }
+        const float rs = rsqrt_of(ss, n, eps);
         if (rsigma) rsigma[r] = rs;
         const V vrs = vset(rs);
         write_row(

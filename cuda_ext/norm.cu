@@ -5,6 +5,35 @@
 
 namespace to {
 
+// rms_norm's multiplier 1/sqrt(ss/n + eps) for a row whose fp32 sum of squares overflowed
+// (|x| > ~1.8e19 on finite input): the sum again for x/max|x|, so finite input never turns
+// into 0; rows holding inf/NaN keep the plain formula's 0/NaN. Called only when ss is not
+// finite; ss is reduced over the group, so every thread takes the branch (g.max/g.sum's
+// barriers are reached by all or none). Rows with max|x| > ~8.5e37 get a subnormal scale.
+template <typename T, int V>
+__device__ float rms_overflow_scale(const T* __restrict__ x, int nvec, int n, float ss, float eps,
+                                    const RowGroup& g) {
+    float m = 0.0f;
+    for (int i = g.tid; i < nvec; i += g.nthreads) {
+        float a[V];
+        load_f<T, V>(x + (size_t)i * V, a);
+#pragma unroll
+        for (int j = 0; j < V; ++j) m = fmaxf(m, fabsf(a[j]));
+    }
+    m = g.max(m);
+    if (!(isfinite(m) && m > 0.0f)) return 1.0f / sqrtf(ss / (float)n + eps);
+    const float sc = 1.0f / m;
+    float s = 0.0f;
+    for (int i = g.tid; i < nvec; i += g.nthreads) {
+        float a[V];
+        load_f<T, V>(x + (size_t)i * V, a);
+#pragma unroll
+        for (int j = 0; j < V; ++j) { const float v = a[j] * sc; s = fmaf(v, v, s); }
+    }
+    s = g.sum(s);
+    return sc / sqrtf(s / (float)n + eps * sc * sc);
+}
+
 template <typename T, int V>
 __device__ __forceinline__ void rms_row(const T* __restrict__ x, const T* __restrict__ w,
                                         T* __restrict__ y, int n, float eps, const RowGroup& g) {
@@ -26,7 +55,8 @@ __device__ __forceinline__ void rms_row(const T* __restrict__ x, const T* __rest
             }
         }
         ss = g.sum(ss);
-        const float r = 1.0f / sqrtf(ss / (float)n + eps);
+        const float r = isfinite(ss) ? 1.0f / sqrtf(ss / (float)n + eps)
+                                     : rms_overflow_scale<T, V>(x, nvec, n, ss, eps, g);
 #pragma unroll
         for (int k = 0; k < NV; ++k) {
             const int i = g.tid + k * g.nthreads;
@@ -47,7 +77,8 @@ __device__ __forceinline__ void rms_row(const T* __restrict__ x, const T* __rest
             for (int j = 0; j < V; ++j) ss = fmaf(a[j], a[j], ss);
         }
         ss = g.sum(ss);
-        const float r = 1.0f / sqrtf(ss / (float)n + eps);
+        const float r = isfinite(ss) ? 1.0f / sqrtf(ss / (float)n + eps)
+                                     : rms_overflow_scale<T, V>(x, nvec, n, ss, eps, g);
         for (int i = g.tid; i < nvec; i += g.nthreads) {
             float a[V], wv[V], o[V];
             load_f<T, V>(x + (size_t)i * V, a);

@@ -25,7 +25,36 @@ KERNEL void KN(rms_norm)(__global const T *restrict x, __global const T *restric
         const float v = LD1(i, xr);
         acc += v * v;
     }
-    const float inv = rsqrt(ROW_SUM(acc, scratch) / (float)n + eps);
+    float ss = ROW_SUM(acc, scratch), sc = 1.0f, eps_s = eps;
+    if (!isfinite(ss)) {
+        /* x^2 overflowed (|x| > ~1.8e19 on finite input): the sum again for x/max|x|, and
+         * y = x * (sc * rsqrt(ss'/n + eps*sc^2)), as layer_norm below does; inf/NaN rows keep
+         * the plain formula's NaN/0. Uniform over the work-group (ss is reduced), so the
+         * barriers inside ROW_MAX/ROW_SUM are reached by all items or none. */
+        float8 mx = 0.0f;
+        FOR_ROW(i, n8)
+            mx = nmax8(mx, as_float8(as_int8(LD8(i, xr)) & (int8)(0x7fffffff)));
+        float amax = hmax8(mx);
+        for (int i = (n8 << 3) + ROW_LID; i < n; i += ROW_STEP)
+            amax = nmax1(amax, fabs(LD1(i, xr)));
+        amax = ROW_MAX(amax, scratch);
+        if (isfinite(amax) && amax > 0.0f) {
+            sc = 1.0f / amax;
+            eps_s = eps * sc * sc;
+            float8 s8 = 0.0f;
+            FOR_ROW(i, n8) {
+                const float8 v = LD8(i, xr) * sc;
+                s8 += v * v;
+            }
+            float a = hsum8(s8);
+            for (int i = (n8 << 3) + ROW_LID; i < n; i += ROW_STEP) {
+                const float v = LD1(i, xr) * sc;
+                a += v * v;
+            }
+            ss = ROW_SUM(a, scratch);
+        }
+    }
+    const float inv = sc * rsqrt(ss / (float)n + eps_s);   /* sc folded: the write is unchanged */
 
     FOR_ROW(i, n8)
         ST8(LD8(i, xr) * inv * LD8(i, w), i, yr);

@@ -809,3 +809,35 @@ def test_te_fl_skip_cuda_disables_with_reason():
         print(c.availability())
     """, TE_FL_SKIP_CUDA="1")
     assert "(False, 'disabled by TE_FL_SKIP_CUDA')" in proc.stdout, proc.stdout
+
+
+def _overflow_rows(n: int) -> np.ndarray:
+    """Rows for rms_norm whose fp32 squares overflow (|x| > ~1.8e19), then an inf row, a NaN
+    row and an ordinary one."""
+    rows = np.tile(np.linspace(-2.0, 3.0, n, dtype=np.float64), (6, 1))
+    rows[0, :3] = (1e20, -3e19, 2e19)
+    rows[1, :2] = (3e38, -1e38)
+    rows[2] *= 1e30
+    rows[3, 1] = np.inf
+    rows[4, 2] = np.nan
+    return rows.astype(np.float32)
+
+
+@pytest.mark.parametrize("n", [37, 64, 8200], ids=["scalar", "cached", "streamed"])
+def test_rms_norm_rows_whose_squares_overflow_on_cpu_emulation(emu, n):
+    """Finite rows with |x| > ~1.8e19 come out as the fp64 formula gives them (the kernel
+    redoes the row scaled by 1/max|x|), not 0; inf/NaN rows still hold NaN."""
+    x = _overflow_rows(n)
+    w = np.linspace(0.5, 1.5, n, dtype=np.float32)
+    dev = {}
+    for k, v in {"x": x, "w": w, "b": w}.items():
+        t = _emu_empty(v.shape, "float32", 0)
+        t.arr[...] = v
+        dev[k] = t
+    y = _from_storage(_call("rms_norm", dev["x"], dev)).astype(np.float64)
+    x64 = x.astype(np.float64)
+    with np.errstate(over="ignore", invalid="ignore"):
+        want = x64 / np.sqrt((x64 * x64).mean(-1, keepdims=True) + 1e-6) * w
+    ok = [0, 1, 2, 5]
+    np.testing.assert_allclose(y[ok], want[ok], rtol=2e-5, atol=1e-6)
+    assert np.isnan(y[3]).any() and np.isnan(y[4]).all()

@@ -36,8 +36,21 @@ def _finish(y: np.ndarray, dtype, out):
 
 def rms_norm(x, weight, eps, out):
     xf = _work(x)
-    ms = np.mean(np.square(xf), axis=-1, keepdims=True)
-    y = xf * (1.0 / np.sqrt(ms + xf.dtype.type(eps))) * _work(weight)
+    # an overflowing x² is handled below, as every backend does; inf * 0 in an inf row is the
+    # NaN the kernels give, without NumPy's RuntimeWarning (no other backend warns)
+    with np.errstate(over="ignore", invalid="ignore"):
+        ms = np.mean(np.square(xf), axis=-1, keepdims=True)
+        y = xf * (1.0 / np.sqrt(ms + xf.dtype.type(eps))) * _work(weight)
+    if xf.dtype != np.float64 and xf.size and not np.isfinite(ms).all():
+        # x² overflowed fp32 (|x| > ~1.8e19) in a row of finite values: that row again in
+        # float64, so finite input never becomes 0 (torch's F.rms_norm returns 0 there). The
+        # cpp, OpenCL and CUDA kernels redo such rows too (in double, or scaled by 1/max|x|);
+        # rows holding inf/NaN keep the formula's 0/NaN.
+        bad = ~np.isfinite(ms[..., 0]) & np.isfinite(xf).all(-1)
+        if bad.any():
+            x64 = xf[bad].astype(np.float64)
+            rs = 1.0 / np.sqrt((x64 * x64).mean(-1, keepdims=True) + float(eps))
+            y[bad] = (x64 * rs * _work(weight).astype(np.float64)).astype(y.dtype)
     return _finish(y, x.dtype, out)
 
 

@@ -119,6 +119,15 @@ def ref_rmsnorm_fwd(input, weight, eps, ln_out, quantizer, otype, sm_margin, zer
     x = rows_2d(input).float()
     rs = torch.rsqrt(x.square().mean(-1) + eps)
     y = x * rs[:, None] * _gamma32(weight, zero_centered_gamma)
+    bad = (rs == 0) & torch.isfinite(x).all(-1) if x.numel() else None
+    if bad is not None and bad.any():
+        # squares overflowed fp32 (|x| > ~1.8e19): those rows in float64, as every facade
+        # backend and the C++ kernel do, so finite input never comes out as 0
+        x64 = x[bad].double()
+        rs64 = torch.rsqrt(x64.square().mean(-1) + eps)
+        y, rs = y.clone(), rs.clone()
+        y[bad] = (x64 * rs64[:, None] * _gamma32(weight, zero_centered_gamma).double()).float()
+        rs[bad] = rs64.float()
     return [_emit(y, input, otype, ln_out), None, rs]
 
 
