@@ -841,3 +841,121 @@ def test_rms_norm_rows_whose_squares_overflow_on_cpu_emulation(emu, n):
     ok = [0, 1, 2, 5]
     np.testing.assert_allclose(y[ok], want[ok], rtol=2e-5, atol=1e-6)
     assert np.isnan(y[3]).any() and np.isnan(y[4]).all()
+
+
+# ------------------------------------------------------------------ ThreadSanitizer emulation
+# The emulation runs every CUDA thread of a block as a std::thread and __syncthreads as a
+# std::barrier, so a missing barrier is a data race between real threads: ThreadSanitizer
+# sees it even when the plain emulation happens to compute the right numbers.
+_TSAN_RUNNER = r"""
+import ctypes, sys
+import numpy as np
+lib = ctypes.CDLL(sys.argv[1])
+lib.emu_launch.restype = ctypes.c_int
+lib.emu_launch.argtypes = [ctypes.c_char_p, ctypes.c_uint, ctypes.c_uint, ctypes.c_uint, ctypes.c_uint,
+                           ctypes.POINTER(ctypes.c_void_p)]
+rows, n = 3, 1000
+x = np.random.default_rng(0).standard_normal((rows, n)).astype(np.float32)
+w, b, y = np.ones(n, np.float32), np.zeros(n, np.float32), np.empty((rows, n), np.float32)
+L, I, F = ctypes.c_longlong, ctypes.c_int, ctypes.c_float
+
+def launch(name, *args):
+    c = [ctypes.c_void_p(a.ctypes.data) if isinstance(a, np.ndarray) else a for a in args]
+    ptrs = (ctypes.c_void_p * len(c))(*[ctypes.cast(ctypes.pointer(v), ctypes.c_void_p) for v in c])
+    assert lib.emu_launch(name.encode(), 2, 1, 128, 1, ptrs) == 0, name   # block mode: 128 threads a row
+
+launch("to_rms_norm_f32", x, w, y, L(rows), I(n), F(1e-6), I(0))
+launch("to_layer_norm_f32", x, w, b, y, L(rows), I(n), F(1e-5), I(0))
+launch("to_softmax_f32", x, y, L(rows), I(n), I(0))
+print("launched")
+"""
+
+
+def _tsan_run(tmp_path, sources: dict) -> subprocess.CompletedProcess:
+    """Build the emulation of ``sources`` ({name: text}, every cuda_ext file) with
+    -fsanitize=thread and run block-mode rms_norm/layer_norm/softmax launches under it."""
+    import shutil
+    gxx = shutil.which("g++")
+    if gxx is None:
+        pytest.skip("g++ not found: the ThreadSanitizer emulation needs it")
+    libtsan = subprocess.run([gxx, "-print-file-name=libtsan.so"], capture_output=True, text=True).stdout.strip()
+    if not os.path.isabs(libtsan) or not os.path.exists(libtsan):
+        pytest.skip(f"g++ has no libtsan.so ({libtsan!r}): install gcc's ThreadSanitizer runtime")
+    src = tmp_path / "cuda_ext"
+    src.mkdir()
+    for name, text in sources.items():
+        (src / name).write_text(text)
+    cus = sorted(p for p in src.glob("*.cu"))
+    text = EMU_HARNESS.replace("@INCLUDES@", "\n".join(f'#include "{p}"' for p in cus))
+    text = text.replace("@REGISTRY@", ", ".join(f'{{"{k}", emu_wrap(&{k})}}' for k in cb.kernel_symbols()))
+    (tmp_path / "emu.cpp").write_text(text)
+    so = tmp_path / "emu_tsan.so"
+    proc = subprocess.run([gxx, "-std=c++20", "-O1", "-g", "-fsanitize=thread", "-mf16c", "-fPIC", "-shared",
+                           "-pthread", "-I", str(src), "-o", str(so), str(tmp_path / "emu.cpp")],
+                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stdout[-5000:]
+    (tmp_path / "run.py").write_text(_TSAN_RUNNER)
+    env = dict(os.environ, LD_PRELOAD=libtsan, TSAN_OPTIONS="halt_on_error=1 exitcode=66 report_signal_unsafe=0")
+    return subprocess.run([sys.executable, str(tmp_path / "run.py"), str(so)], env=env,
+                          capture_output=True, text=True, timeout=900)
+
+
+def _cuda_sources() -> dict:
+    return {p.name: p.read_text() for p in (ROOT / "cuda_ext").iterdir() if p.suffix in (".cu", ".cuh")}
+
+
+def _tsan_usable(proc) -> None:
+    if "unexpected memory mapping" in proc.stderr or "failed to allocate" in proc.stderr:
+        pytest.skip(f"ThreadSanitizer cannot start on this kernel: {proc.stderr.strip()[:200]}")
+
+
+def test_block_mode_kernels_race_free_under_thread_sanitizer(tmp_path):
+    proc = _tsan_run(tmp_path, _cuda_sources())
+    _tsan_usable(proc)
+    assert proc.returncode == 0 and "launched" in proc.stdout, (proc.returncode, proc.stderr[-4000:])
+    assert "WARNING: ThreadSanitizer" not in proc.stderr, proc.stderr[-4000:]
+
+
+def test_thread_sanitizer_catches_a_dropped_syncthreads(tmp_path):
+    """The proof that the harness above can fail: the block reduction without the barrier
+    that keeps the next reduction's write off the slot the previous one still reads."""
+    sources = _cuda_sources()
+    barrier = "        __syncthreads();  // the previous reduction may still be reading sh\n"
+    assert barrier in sources["common.cuh"], "update this test: RowGroup::sum's first barrier moved"
+    sources["common.cuh"] = sources["common.cuh"].replace(barrier, "", 1)
+    proc = _tsan_run(tmp_path, sources)
+    _tsan_usable(proc)
+    assert proc.returncode == 66 and "data race" in proc.stderr, (proc.returncode, proc.stderr[-2000:])
+
+
+# Launch shapes where one warp or block walks several rows (rows far beyond what the launch
+# computes for the pretend 2-SM device), row counts that do not divide evenly among the
+# warps/blocks, and in-place launches (out is x: each row is read before it is written).
+MULTI_ROW = [(514, 256), (515, 64), (37, 1000)]
+
+
+@pytest.mark.parametrize("inplace", [False, True], ids=["out", "inplace"])
+@pytest.mark.parametrize("shape", MULTI_ROW, ids=lambda s: f"{s[0]}x{s[1]}")
+@pytest.mark.parametrize("op", [o for o in OPS if not o.startswith("rope")])
+def test_emulation_several_rows_per_group(emu, op, shape, inplace):
+    if inplace and op in ("swiglu", "geglu"):
+        pytest.skip("a gated op's output is half as wide as x: it cannot be x")
+    rng = np.random.default_rng(abs(hash((op, shape))) % 2**32)
+    n = shape[1]
+    host = {"x": (rng.standard_normal(shape) * 3).astype(np.float32),
+            "w": rng.standard_normal(n).astype(np.float32), "b": rng.standard_normal(n).astype(np.float32)}
+    dev = {}
+    for k, v in host.items():
+        t = _emu_empty(v.shape, "float32")
+        t.arr[...] = v
+        dev[k] = t
+    ref = _ref(op, host["x"].astype(np.float64),
+               {k: v.arr.astype(np.float64) for k, v in dev.items()})
+    rtol, atol = TOL["float32"]
+    if op in ("rms_norm", "layer_norm", "softmax"):
+        atol *= max(1.0, np.sqrt(n) / 8)
+    out = dev["x"] if inplace else None
+    y = _call(op, dev["x"], dev, out)
+    if inplace:
+        assert y is dev["x"]
+    np.testing.assert_allclose(_from_storage(y), ref, rtol=rtol, atol=atol)

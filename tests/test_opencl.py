@@ -520,10 +520,13 @@ def test_every_kernel_carries_the_one_prefix(cl_ok):
     assert {fam for fam, _ in ocl.programs.KERNELS.values()} == set(ocl.FAMILIES) == set(st.programs)
 
 
-def test_gpu_layout_and_copy_mode_on_this_device(fresh, monkeypatch):
-    """The GPU code path (strided loops, local size 64, pooled copies) computed here."""
+@pytest.mark.parametrize("lws", [16, 64, 256])
+def test_gpu_layout_and_copy_mode_on_this_device(fresh, monkeypatch, lws):
+    """The GPU code path (a work-group per row, local-memory reductions, strided loops,
+    pooled copies) computed here with local sizes 16, 64 and 256: rows shorter and longer
+    than the group, and tails that leave items idle."""
     monkeypatch.setenv("TENSOR_OPS_OPENCL_LAYOUT", "gpu")
-    monkeypatch.setenv("TENSOR_OPS_OPENCL_LWS", "64")
+    monkeypatch.setenv("TENSOR_OPS_OPENCL_LWS", str(lws))
     monkeypatch.setattr(ocl.state, "host_mode", "copy")
     assert "-DCPU_LAYOUT=0" in ocl.build_options(ocl.select_device())
     rng = np.random.default_rng(9)
@@ -532,4 +535,4 @@ def test_gpu_layout_and_copy_mode_on_this_device(fresh, monkeypatch):
             x = _host(shape, dtype, rng, misalign)
             for name, (call, want) in _cases(x, rng).items():
                 _check(call(None), want, x, name)
-    assert ocl.device.get().lws == 64
+    assert ocl.device.get().lws == lws
