@@ -22,12 +22,14 @@ import pytest
 
 import tensor_ops as to
 from tensor_ops import BackendError
+from tensor_ops._ops._tolerance import TOLERANCES
 from tensor_ops.backends import opencl as ocl
 from tests import _reference as ref
 
 pytestmark = pytest.mark.opencl
 ROOT = Path(__file__).resolve().parents[1]
-TOL = {np.float32: (1.3e-6, 1e-5), np.float16: (1e-3, 2e-3)}
+#: the one tolerance table's conformance level (tensor_ops/_ops/_tolerance.py)
+TOL = {np.float32: TOLERANCES["conformance"]["float32"], np.float16: TOLERANCES["conformance"]["float16"]}
 
 
 @pytest.fixture(scope="module")
