@@ -4,6 +4,19 @@
  * vload4 in the unaligned variant needs element alignment only), scalar tail for n % 8.
  * The row is read twice; the reread comes from cache. */
 
+/* max|x| over the row (NaN ignored), reduced over the row's items: the scale of the rare
+ * rescaled pass of both norms when their fp32 sums overflow. */
+float KN(row_absmax)(__global const T *restrict xr, const int n, const int n8, __local float *scratch)
+{
+    float8 mx = 0.0f;
+    FOR_ROW(i, n8)
+        mx = nmax8(mx, as_float8(as_int8(LD8(i, xr)) & (int8)(0x7fffffff)));
+    float amax = hmax8(mx);
+    for (int i = (n8 << 3) + ROW_LID; i < n; i += ROW_STEP)
+        amax = nmax1(amax, fabs(LD1(i, xr)));
+    return ROW_MAX(amax, scratch);
+}
+
 KERNEL void KN(rms_norm)(__global const T *restrict x, __global const T *restrict w,
                          __global T *restrict y, const int n, const float eps,
                          const int rows)
@@ -31,13 +44,7 @@ KERNEL void KN(rms_norm)(__global const T *restrict x, __global const T *restric
          * y = x * (sc * rsqrt(ss'/n + eps*sc^2)), as layer_norm below does; inf/NaN rows keep
          * the plain formula's NaN/0. Uniform over the work-group (ss is reduced), so the
          * barriers inside ROW_MAX/ROW_SUM are reached by all items or none. */
-        float8 mx = 0.0f;
-        FOR_ROW(i, n8)
-            mx = nmax8(mx, as_float8(as_int8(LD8(i, xr)) & (int8)(0x7fffffff)));
-        float amax = hmax8(mx);
-        for (int i = (n8 << 3) + ROW_LID; i < n; i += ROW_STEP)
-            amax = nmax1(amax, fabs(LD1(i, xr)));
-        amax = ROW_MAX(amax, scratch);
+        const float amax = KN(row_absmax)(xr, n, n8, scratch);
         if (isfinite(amax) && amax > 0.0f) {
             sc = 1.0f / amax;
             eps_s = eps * sc * sc;
@@ -105,13 +112,7 @@ KERNEL void KN(layer_norm)(__global const T *restrict x, __global const T *restr
         var = ROW_SUM(a2, scratch) / (float)n - m1 * m1;
     }
     if (!(isfinite(mean) && isfinite(var))) {
-        float8 mx = 0.0f;
-        FOR_ROW(i, n8)
-            mx = nmax8(mx, as_float8(as_int8(LD8(i, xr)) & (int8)(0x7fffffff)));
-        float amax = hmax8(mx);
-        for (int i = (n8 << 3) + ROW_LID; i < n; i += ROW_STEP)
-            amax = nmax1(amax, fabs(LD1(i, xr)));
-        amax = ROW_MAX(amax, scratch);
+        const float amax = KN(row_absmax)(xr, n, n8, scratch);
         if (isfinite(amax) && amax > 0.0f) {   /* finite row: rescale; else NaN stays */
             sc = 1.0f / amax;
             eps_s = eps * sc * sc;
