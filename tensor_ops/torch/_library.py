@@ -18,6 +18,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from .._ops import FACADE_OPS
 from . import _kernels as K
 
 NS = "tensor_ops"
@@ -338,9 +339,9 @@ _LIB.impl("rms_norm", rms_norm, "CompositeImplicitAutograd")
 _LIB.define("layer_norm(Tensor x, Tensor weight, Tensor? bias=None, float eps=1e-05, str? backend=None) -> Tensor")
 _LIB.impl("layer_norm", layer_norm, "CompositeImplicitAutograd")
 
-#: the facade ops, by name, as torch ops (what the facade calls for autograd)
-FACADE = {name: getattr(torch.ops.tensor_ops, name) for name in
-          ("rms_norm", "layer_norm", "softmax", "silu", "gelu", "relu", "swiglu", "geglu", "rope", "matmul")}
+#: the facade ops, by name, as torch ops (what the facade calls for autograd); the names come
+#: from the op definitions, so a facade op without its torch op fails here, at registration
+FACADE = {name: getattr(torch.ops.tensor_ops, name) for name in FACADE_OPS}
 _SCALARS = {"rms_norm": (None, None, float), "layer_norm": (None, None, None, float), "softmax": (None, int),
             "gelu": (None, str), "geglu": (None, str), "rope": (None, None, None, bool)}
 
