@@ -19,7 +19,9 @@ What is swapped, and how checkpoints and optimizers keep working:
 - **softmax** of eager attention (``attn_implementation="eager"``; SDPA and flash attention
   keep theirs): the same instance ``forward`` calls a copy of the module's
   ``eager_attention_forward`` whose ``nn.functional.softmax`` is tensor_ops' (fp32 math; a
-  16-bit result stays 16-bit, which the function casts to the query's dtype anyway).
+  16-bit result stays 16-bit, which the function casts to the query's dtype anyway). Where
+  the mask is HF's causal one (or none) and the function is the plain form, the scale, the
+  mask, the softmax and the cast are one kernel pass instead (:mod:`._hf_attention`).
 
 The returned :class:`Patched` says what was replaced and skipped (and why) and can
 ``undo()`` it. Outputs keep the input's dtype (Hugging Face's Llama RMSNorm returns the
@@ -44,6 +46,7 @@ from dataclasses import dataclass, field
 import torch
 
 from .. import nn as tnn
+from . import _hf_attention
 from .. import torch as _tot
 
 log = logging.getLogger("tensor_ops")
@@ -171,20 +174,47 @@ def _swap(model, path: str, new, rep: Patched, part: str) -> None:
 
 
 def _patchable_attention(mod) -> bool:
-    fn = getattr(type(mod), "forward", None)
+    fn = _inner(getattr(type(mod), "forward", None))
     code = getattr(fn, "__code__", None)
     return code is not None and _ROPE in code.co_names and _ROPE in getattr(fn, "__globals__", {}) \
         and "forward" not in vars(mod)
 
 
+def _inner(fn):
+    """The function under decorators made with ``functools.wraps`` (transformers 5 wraps
+    ``forward`` in ``deprecate_kwarg``): its code calls ``apply_rotary_pos_emb``."""
+    seen = 0
+    while fn is not None and hasattr(fn, "__wrapped__") and seen < 8:
+        fn, seen = fn.__wrapped__, seen + 1
+    return fn
+
+
 def _with_globals(fn, **new):
-    """A copy of function ``fn`` whose module globals are overridden by ``new`` (only there)."""
-    g = dict(fn.__globals__)
-    g.update(new)
-    out = types.FunctionType(fn.__code__, g, fn.__name__, fn.__defaults__, fn.__closure__)
+    """A copy of function ``fn`` whose module globals are overridden by ``new`` (only there).
+    A decorated ``fn`` (``functools.wraps``, the wrapped function held in the wrapper's closure)
+    is copied at every level: the wrapper stays, around a copy of the inner function."""
+    inner = getattr(fn, "__wrapped__", None)
+    cells = fn.__closure__ or ()
+    if inner is not None and any(_cell(c) is inner for c in cells):
+        new_inner = _with_globals(inner, **new)
+        closure = tuple(types.CellType(new_inner) if _cell(c) is inner else c for c in cells)
+        out = types.FunctionType(fn.__code__, fn.__globals__, fn.__name__, fn.__defaults__, closure)
+        out.__dict__.update(fn.__dict__)
+        out.__wrapped__ = new_inner   # type: ignore[attr-defined]
+    else:
+        g = dict(fn.__globals__)
+        g.update(new)
+        out = types.FunctionType(fn.__code__, g, fn.__name__, fn.__defaults__, fn.__closure__)
     out.__kwdefaults__ = fn.__kwdefaults__
     out.__qualname__ = fn.__qualname__
     return out
+
+
+def _cell(c):
+    try:
+        return c.cell_contents
+    except ValueError:        # an empty cell
+        return None
 
 
 def _functional(backend):
@@ -199,12 +229,15 @@ def _functional(backend):
 
 def _patch_attention(mod, path: str, rep: Patched, backend, rope: bool, softmax: bool) -> None:
     fn = type(mod).forward
+    glb = _inner(fn).__globals__
     new = {}
     if rope:
-        new[_ROPE] = functools.partial(apply_rotary_pos_emb, original=fn.__globals__[_ROPE], backend=backend)
-    eager = fn.__globals__.get("eager_attention_forward")
+        new[_ROPE] = functools.partial(apply_rotary_pos_emb, original=glb[_ROPE], backend=backend)
+    eager = glb.get("eager_attention_forward")
     if softmax and callable(eager) and getattr(eager, "__code__", None) is not None and "nn" in eager.__code__.co_names:
         new["eager_attention_forward"] = _with_globals(eager, nn=_functional(backend))
+        if backend is None and _hf_attention.standard_eager(eager):   # scale+mask+softmax+cast: one pass
+            new["eager_attention_forward"] = _hf_attention.fused_eager(new["eager_attention_forward"])
     if not new:
         return
     mod.forward = types.MethodType(_with_globals(fn, **new), mod)

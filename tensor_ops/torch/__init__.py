@@ -19,6 +19,7 @@ Ops (``torch.ops.tensor_ops.<name>``; every one takes ``backend: str | None`` la
 ``silu_mul(a, b)``              ``silu(a) * b`` (Hugging Face's gate/up projections)
 ``gelu_mul(a, b, approximate)`` ``gelu(a) * b``
 ``rope(x, cos, sin, interl.)``  ``matmul(a, b)``
+``scaled_softmax(x, s, off)``   ``softmax(x*s)`` (+ causal mask) in one pass (attention)
 ============================== ==================================================
 
 Example:
@@ -57,7 +58,7 @@ def register() -> dict:
                                             f"register_autograd, torch.compiler.substitute_in_graph)")
             return dict(_STATUS)
         try:
-            from . import _compile, _library
+            from . import _attention, _compile, _library  # noqa: F401  (_attention registers its ops)
             _compile.install()
             _STATUS.update(ok=True, reason=None, ops=sorted(_library.OPS) + ["layer_norm", "rms_norm"],
                            compile=_compile.STATUS)
@@ -120,6 +121,17 @@ def rope(x, cos, sin, interleaved: bool = False, *, backend=None):
     return _call("rope", x, cos, sin, bool(interleaved), backend=backend)
 
 
+def scaled_softmax(x, scale: float = 1.0, causal_offset=None):
+    """Attention's ``softmax(x * scale)`` over the last axis, fp32 math, ``x``'s dtype out, as
+    one pass; ``causal_offset=o``: row ``i`` of the last two axes sees columns ``j <= i + o``
+    (0 for a square causal mask, ``sk - sq`` with a KV cache). See ``_attention``."""
+    if not _STATUS.get("ok"):
+        require()
+    import torch
+    return torch.ops.tensor_ops.scaled_softmax(x, float(scale), None if causal_offset is None else int(causal_offset))
+
+
 register()
 
-__all__ = ["register", "status", "require", "silu_mul", "gelu_mul", "rms_norm", "layer_norm", "rope"]
+__all__ = ["register", "status", "require", "silu_mul", "gelu_mul", "rms_norm", "layer_norm", "rope",
+           "scaled_softmax"]
