@@ -70,5 +70,5 @@ def fused_eager(original):
         out = torch.matmul(weights, value_states).transpose(1, 2).contiguous()
         return out, weights
 
-    eager_attention_forward.__wrapped__ = original   # type: ignore[attr-defined]
+    eager_attention_forward.__wrapped__ = original
     return eager_attention_forward

@@ -200,7 +200,7 @@ def _with_globals(fn, **new):
         closure = tuple(types.CellType(new_inner) if _cell(c) is inner else c for c in cells)
         out = types.FunctionType(fn.__code__, fn.__globals__, fn.__name__, fn.__defaults__, closure)
         out.__dict__.update(fn.__dict__)
-        out.__wrapped__ = new_inner   # type: ignore[attr-defined]
+        out.__wrapped__ = new_inner
     else:
         g = dict(fn.__globals__)
         g.update(new)
