@@ -870,13 +870,23 @@ def launch(name, *args):
 launch("to_rms_norm_f32", x, w, y, L(rows), I(n), F(1e-6), I(0))
 launch("to_layer_norm_f32", x, w, b, y, L(rows), I(n), F(1e-5), I(0))
 launch("to_softmax_f32", x, y, L(rows), I(n), I(0))
+# the fused add + norm: streamed rows (vec 0: s reread from memory), then in place (y is x,
+# s is r), streamed and cached (vec 1: 4-wide, the row in registers)
+r, s = np.random.default_rng(1).standard_normal((rows, n)).astype(np.float32), np.empty((rows, n), np.float32)
+launch("to_add_rms_norm_f32", x, r, w, y, s, L(rows), I(n), F(1e-6), I(0))
+launch("to_add_layer_norm_f32", x, r, w, b, y, s, L(rows), I(n), F(1e-5), I(0))
+for vec in (0, 1):
+    xi, ri = x.copy(), r.copy()
+    launch("to_add_rms_norm_f32", xi, ri, w, xi, ri, L(rows), I(n), F(1e-6), I(vec))
+    launch("to_add_layer_norm_f32", xi, ri, w, b, xi, ri, L(rows), I(n), F(1e-5), I(vec))
 print("launched")
 """
 
 
 def _tsan_run(tmp_path, sources: dict) -> subprocess.CompletedProcess:
     """Build the emulation of ``sources`` ({name: text}, every cuda_ext file) with
-    -fsanitize=thread and run block-mode rms_norm/layer_norm/softmax launches under it."""
+    -fsanitize=thread and run block-mode rms_norm/layer_norm/softmax and add_rms_norm/add_layer_norm
+    (also in place) launches under it."""
     import shutil
     gxx = shutil.which("g++")
     if gxx is None:

@@ -35,7 +35,7 @@ def _add_norm(kname, x, residual, weights, out, residual_out, scalars):
                  else o for o in given)
     res = launch(st, kname, x.dtype, [x, residual, *weights], outs, x.shape,
                  [np.int32(n), *scalars, np.int32(rows)], row_grid(st, rows), n % 4 == 0)
-    if outs == given:
+    if all(o is g for o, g in zip(outs, given)):
         return res
     for g, r in zip(given, res):
         if g is not None and g is not r:
