@@ -1072,3 +1072,47 @@ def test_add_rms_norm_rows_whose_squares_overflow_on_cpu_emulation(emu, n):
     ok = [0, 1, 2, 5]
     np.testing.assert_allclose(y[ok], want[ok], rtol=2e-5, atol=1e-6)
     assert np.isnan(y[3]).any() and np.isnan(y[4]).all()
+
+
+@pytest.mark.parametrize("inplace", [False, True], ids=["out", "inplace"])
+@pytest.mark.parametrize("lib", ["cupy", "torch"])
+@pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16"])
+@pytest.mark.parametrize("shape", SHAPES, ids=lambda s: f"{s[0]}x{s[1]}")
+@pytest.mark.parametrize("op", ADD_OPS)
+def test_add_norm_kernel_matches_fp64_reference(op, shape, dtype, lib, inplace):
+    """On a GPU: the fused kernels against the fp64 norm of s = x + residual (rounded to the
+    dtype by the device itself: torch's/CuPy's add), with fresh outputs or in place."""
+    cupy = _require_gpu()
+    if lib == "cupy" and dtype == "bfloat16":
+        pytest.skip("CuPy has no bfloat16 dtype; bf16 is covered with torch tensors")
+    torch = pytest.importorskip("torch") if lib == "torch" else None
+    if torch is not None and not torch.cuda.is_available():
+        pytest.skip("torch has no CUDA here")
+    rng = np.random.default_rng(hash((op, shape)) % 2**32)
+    n = shape[1]
+    host = {"x": (rng.standard_normal(shape) * 3).astype(np.float32),
+            "r": (rng.standard_normal(shape) * 3).astype(np.float32),
+            "w": rng.standard_normal(n).astype(np.float32), "b": rng.standard_normal(n).astype(np.float32)}
+    if lib == "cupy":
+        dev = {k: cupy.asarray(v.astype(dtype)) for k, v in host.items()}
+        s_dev = (dev["x"].astype(np.float32) + dev["r"].astype(np.float32)).astype(dtype)
+
+        def back(a):
+            return a.get().astype(np.float64)
+    else:
+        tdt = getattr(torch, dtype)
+        dev = {k: torch.from_numpy(v).to("cuda", tdt) for k, v in host.items()}
+        s_dev = (dev["x"].float() + dev["r"].float()).to(tdt)
+
+        def back(a):
+            return a.float().cpu().numpy().astype(np.float64)
+    s_ref = back(s_dev)
+    ref = _ref(op[len("add_"):], s_ref, {k: back(v) for k, v in dev.items()})
+    out = (dev["x"], dev["r"]) if inplace else (None, None)
+    y, s = _add_call(op, dev, *out)
+    if inplace:
+        assert y is dev["x"] and s is dev["r"]
+    rtol, atol = TOL[dtype]
+    atol *= max(1.0, np.sqrt(n) / 8)
+    np.testing.assert_array_equal(back(s), s_ref)
+    np.testing.assert_allclose(back(y), ref, rtol=rtol, atol=atol)
