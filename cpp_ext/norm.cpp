@@ -185,7 +185,15 @@ void add_rms_norm_k(const void* xv, const void* rv, const float* w, void* yv, vo
     T* o = (T*)ov;
     for (int64_t r = 0; r < rows; ++r) {
         const T *xr = x + r * n, *rrow = rr + r * n;
-        const float rs = rsqrt_of(add_into<T, true>(xr, rrow, e, n), n, eps);
+        const double ss = add_into<T, true>(xr, rrow, e, n);
+        if (!std::isfinite(ss)) {  // as in rms_norm_k: s² overflowed fp32 lanes, this row in double
+            rms_norm_row_f64(e, w, y + r * n, n, eps, nullptr);
+            write_row(
+                o + r * n, n, nt, [&](int64_t i) { return vload(e + i); },
+                [&](int64_t i, int64_t k) { return vload_part(e + i, k, 0.f); });
+            continue;
+        }
+        const float rs = rsqrt_of(ss, n, eps);
         const bool more = r + 1 < rows;
         add_norm_write(e, w, nullptr, y + r * n, o + r * n, n, 0.f, rs, false, nt, next_row(xr, n, more, n),
                        next_row(rrow, n, more, n));

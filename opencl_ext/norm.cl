@@ -17,17 +17,10 @@ float KN(row_absmax)(__global const T *restrict xr, const int n, const int n8, _
     return ROW_MAX(amax, scratch);
 }
 
-KERNEL void KN(rms_norm)(__global const T *restrict x, __global const T *restrict w,
-                         __global T *restrict y, const int n, const float eps,
-                         const int rows)
+/* One row of rms_norm: xr -> yr (the kernels below; the fused add passes its s row). */
+void KN(rms_row)(__global const T *restrict xr, __global const T *restrict w, __global T *restrict yr,
+                 const int n, const int n8, const float eps, __local float *scratch)
 {
-    __local float scratch[LWS];
-    const int n8 = n >> 3;
-    FOR_ROWS(row, rows) {
-    const long base = (long)row * n;
-    __global const T *xr = x + base;
-    __global T *yr = y + base;
-
     float8 acc8 = 0.0f;          /* lane sums, one horizontal sum per row, not per step */
     FOR_ROW(i, n8) {
         const float8 v = LD8(i, xr);
@@ -67,23 +60,27 @@ KERNEL void KN(rms_norm)(__global const T *restrict x, __global const T *restric
         ST8(LD8(i, xr) * inv * LD8(i, w), i, yr);
     for (int i = (n8 << 3) + ROW_LID; i < n; i += ROW_STEP)
         ST1(LD1(i, xr) * inv * LD1(i, w), i, yr);
-    }
-    NT_FENCE();
 }
 
-/* Biased variance from one pass of shifted moments (see below), then the write pass.
- * has_bias == 0: b is ignored (the host passes any buffer). */
-KERNEL void KN(layer_norm)(__global const T *restrict x, __global const T *restrict w,
-                           __global const T *restrict b, __global T *restrict y,
-                           const int n, const float eps, const int has_bias, const int rows)
+KERNEL void KN(rms_norm)(__global const T *restrict x, __global const T *restrict w,
+                         __global T *restrict y, const int n, const float eps,
+                         const int rows)
 {
     __local float scratch[LWS];
     const int n8 = n >> 3;
     FOR_ROWS(row, rows) {
-    const long base = (long)row * n;
-    __global const T *xr = x + base;
-    __global T *yr = y + base;
+        const long base = (long)row * n;
+        KN(rms_row)(x + base, w, y + base, n, n8, eps, scratch);
+    }
+    NT_FENCE();
+}
 
+/* One row of layer_norm: biased variance from one pass of shifted moments (see below), then
+ * the write pass. has_bias == 0: b is ignored (the host passes any buffer). */
+void KN(ln_row)(__global const T *restrict xr, __global const T *restrict w, __global const T *restrict b,
+                __global T *restrict yr, const int n, const int n8, const float eps, const int has_bias,
+                __local float *scratch)
+{
     /* One pass over the row for both moments, shifted by the row's first element so a
      * large mean does not cancel: var = E[(x-K)^2] - E[x-K]^2 with |E[x-K]| ~ one sigma.
      * The output is computed as (x*sc - mean) * inv, with sc = 1 unless the moments
@@ -148,6 +145,60 @@ KERNEL void KN(layer_norm)(__global const T *restrict x, __global const T *restr
         for (int i = (n8 << 3) + ROW_LID; i < n; i += ROW_STEP)
             ST1((LD1(i, xr) * sc - mean) * inv * LD1(i, w), i, yr);
     }
+}
+
+KERNEL void KN(layer_norm)(__global const T *restrict x, __global const T *restrict w,
+                           __global const T *restrict b, __global T *restrict y,
+                           const int n, const float eps, const int has_bias, const int rows)
+{
+    __local float scratch[LWS];
+    const int n8 = n >> 3;
+    FOR_ROWS(row, rows) {
+        const long base = (long)row * n;
+        KN(ln_row)(x + base, w, b, y + base, n, n8, eps, has_bias, scratch);
+    }
+    NT_FENCE();
+}
+
+/* ---- fused residual add + norm (vLLM's fused_add_rms_norm) ----------------------------
+ * s = x + r, stored rounded to T (STC8: a cached store, reread at once), then the norm of
+ * the stored s row (rms_row / ln_row, with their rescaled pass for rows whose fp32 sums
+ * overflow). y may be x and s may be r (the same buffers: the in-place form), so these
+ * pointers are not restrict: a row of x and r is read (by the item that then writes the
+ * same elements of s) before anything of the row is written, and every item rereads only
+ * the elements of s it wrote itself (rms_row/ln_row/row_absmax walk the row with the same
+ * FOR_ROW / ROW_LID mapping), so no barrier is needed between the add and the norm. */
+void KN(add_row)(__global const T *xr, __global const T *rr, __global T *sr, const int n, const int n8)
+{
+    FOR_ROW(i, n8)
+        STC8(LD8(i, xr) + LD8(i, rr), i, sr);
+    for (int i = (n8 << 3) + ROW_LID; i < n; i += ROW_STEP)
+        ST1(LD1(i, xr) + LD1(i, rr), i, sr);
+}
+
+KERNEL void KN(add_rms_norm)(__global const T *x, __global const T *r, __global const T *restrict w,
+                             __global T *y, __global T *s, const int n, const float eps, const int rows)
+{
+    __local float scratch[LWS];
+    const int n8 = n >> 3;
+    FOR_ROWS(row, rows) {
+        const long base = (long)row * n;
+        KN(add_row)(x + base, r + base, s + base, n, n8);
+        KN(rms_row)(s + base, w, y + base, n, n8, eps, scratch);
+    }
+    NT_FENCE();
+}
+
+KERNEL void KN(add_layer_norm)(__global const T *x, __global const T *r, __global const T *restrict w,
+                               __global const T *restrict b, __global T *y, __global T *s,
+                               const int n, const float eps, const int has_bias, const int rows)
+{
+    __local float scratch[LWS];
+    const int n8 = n >> 3;
+    FOR_ROWS(row, rows) {
+        const long base = (long)row * n;
+        KN(add_row)(x + base, r + base, s + base, n, n8);
+        KN(ln_row)(s + base, w, b, y + base, n, n8, eps, has_bias, scratch);
     }
     NT_FENCE();
 }

@@ -37,7 +37,8 @@ from ._bench_impls import (ImplRef, facade_impls, host_copies_allowed, impl_toke
 from ._global import settings_override  # noqa: F401
 from ._tune import _human
 
-BENCH_OPS = ("rms_norm", "layer_norm", "softmax", "silu", "gelu", "relu", "swiglu", "geglu", "rope", "matmul")
+BENCH_OPS = ("rms_norm", "layer_norm", "add_rms_norm", "add_layer_norm", "softmax", "silu", "gelu", "relu", "swiglu",
+             "geglu", "rope", "matmul")
 DTYPES = ("float32", "float16")
 MATMUL_SIDES = {"quick": (64, 256), "default": (64, 256, 1024), "full": (64, 256, 1024)}
 CAP_BYTES = 256 << 20             # no array of the ladder is larger, whatever the cache reports

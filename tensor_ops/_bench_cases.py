@@ -64,10 +64,14 @@ class Case:
         return getattr(_facade, self.op)(self.x, *self.args, out=out, backend=backend)
 
     def empty_out(self):
-        """An output for ``out=``: NumPy, or a torch tensor on x's device."""
-        if isinstance(self.x, np.ndarray):
-            return np.empty(self.out_shape, self.dtype)
-        return self.x.new_empty(self.out_shape)
+        """An output for ``out=``: NumPy, or a torch tensor on x's device (a tuple of them for
+        a two-output op: the fused add + norm's (normed, s))."""
+        def one():
+            if isinstance(self.x, np.ndarray):
+                return np.empty(self.out_shape, self.dtype)
+            return self.x.new_empty(self.out_shape)
+        k = SPECS[self.op].outputs
+        return one() if k == 1 else tuple(one() for _ in range(k))
 
     def expected(self):
         return reference(self.op, self.x, *(self.ref_args or self.args))
@@ -81,7 +85,8 @@ def make_case(op: str, dtype: str, shape, variant: str = "", seed: int = 0) -> C
 
     Bytes moved = the big tensors read + written: x and the output (gated ops read 2h and
     write h), rope's two (T, n) float32 tables (given whole, HF style, so the facade passes
-    them to the kernel as they are), matmul's b."""
+    them to the kernel as they are), matmul's b; the fused add + norm reads x and residual and
+    writes normed and s (2 reads + 2 writes per element)."""
     rng = np.random.default_rng(seed)
     dt = np.dtype(dtype)
     shape = tuple(shape)
@@ -113,9 +118,14 @@ def make_case(op: str, dtype: str, shape, variant: str = "", seed: int = 0) -> C
         b = (rng.standard_normal((n, shape[0])) / math.sqrt(n)).astype(dt)
         args, reads = (b,), (x, b)
         out_shape = shape[:-1] + (b.shape[1],)
+    elif op in ("add_rms_norm", "add_layer_norm"):
+        r = np.asarray(rng.standard_normal(shape, dtype=np.float64 if dt == np.float64 else np.float32)).astype(dt)
+        w = (rng.standard_normal(n) * 0.5 + 1).astype(dt)
+        args = (r, w, 1e-6) if op == "add_rms_norm" else (r, w, rng.standard_normal(n).astype(dt), 1e-5)
+        reads = (x, r)
     if op in GATED:
         out_shape = shape[:-1] + (n // 2,)
-    out_bytes = int(np.prod(out_shape)) * dt.itemsize
+    out_bytes = int(np.prod(out_shape)) * dt.itemsize * SPECS[op].outputs
     moved = sum(a.nbytes for a in reads) + out_bytes
     nbytes = x.nbytes + (args[0].nbytes if op == "matmul" else 0)
     return Case(op, variant, dt.name, x, args, out_shape, moved, nbytes, label, ref_args, reads)
@@ -143,7 +153,7 @@ def on_torch(case: Case, device: str = "cuda", dtype: Optional[str] = None) -> C
             for a in (case.x, *case.args, *case.reads) if isinstance(a, np.ndarray)}
     args = tuple(conv.get(id(a), a) for a in case.args)
     reads = tuple(conv[id(a)] for a in case.reads)
-    out_bytes = int(np.prod(case.out_shape)) * td.itemsize
+    out_bytes = int(np.prod(case.out_shape)) * td.itemsize * SPECS[case.op].outputs
     moved = sum(r.numel() * r.element_size() for r in reads) + out_bytes
     return Case(case.op, case.variant, dtype or case.dtype, conv[id(case.x)], args, case.out_shape, moved,
                 case.nbytes, case.shape_label, case.ref_args, reads)
@@ -156,7 +166,7 @@ def numpy_formula(case: Case) -> Callable[[], object]:
     from .backends.numpy import BACKEND
     fn = BACKEND.ops[case.op]
     x = case.x.reshape(-1, case.x.shape[-1]) if case.op == "rope" else case.x
-    args = (x,) + tuple(case.args) + (None,)
+    args = (x,) + tuple(case.args) + (None,) * SPECS[case.op].outputs
     return lambda: fn(*args)
 
 
@@ -172,6 +182,16 @@ def _torch_math(case: Case):
     if op == "layer_norm":
         ln_args = (x, a[0]) + ((a[1],) if a[1] is not None else ())
         return (lambda x, w, b=None: F.layer_norm(x, (n,), w, b, a[2])), ln_args
+    if op == "add_rms_norm":       # torch.add then F.rms_norm (two passes; vLLM fuses them)
+        def add_rms(x, r, w):
+            s = torch.add(x, r)
+            return F.rms_norm(s, (n,), w, a[2]), s
+        return add_rms, (x, a[0], a[1])
+    if op == "add_layer_norm":
+        def add_ln(x, r, w, b):
+            s = torch.add(x, r)
+            return F.layer_norm(s, (n,), w, b, a[3]), s
+        return add_ln, (x, a[0], a[1], a[2])
     if op == "softmax":
         return (lambda x: torch.softmax(x, -1)), (x,)
     if op in ("silu", "relu"):

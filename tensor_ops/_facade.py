@@ -65,6 +65,8 @@ def _general_arrays(spec: OpSpec, args: tuple, out, backend, kind: str = "numpy"
     """:func:`general` for NumPy, CuPy, pyopencl arrays and device torch tensors (``kind``
     'torch-cpu': NumPy views of torch CPU tensors, served by the backends declaring it)."""
     p = spec.prepare(*args, out)
+    if not spec.single:
+        return _pair(spec, p, backend, kind)
     if p.args is None:
         res = p.user_out if p.user_out is not None else _alloc(p.kind, p.x, p.shape, p.dtype)
         if p.finish is not None:
@@ -85,6 +87,24 @@ def _general_arrays(spec: OpSpec, args: tuple, out, backend, kind: str = "numpy"
             user_out[...] = res.reshape(p.shape) if res.shape != p.shape else res
         return user_out
     return res.reshape(p.shape) if res.shape != p.shape else res
+
+
+def _pair(spec: OpSpec, p, backend, kind: str):
+    """:func:`_general_arrays` for an op with two x-shaped results (``out=(out0, out1)``)."""
+    user_out = p.user_out
+    if p.args is None:
+        return user_out if user_out is not None else tuple(_alloc(p.kind, p.x, p.shape, p.dtype) for _ in "ab")
+    expect = (p.shape2, p.args[0].dtype, 2)
+    res = _g.manager().dispatch(spec.name, p.args, None, backend, "facade", _NAMES.get(p.dtype, str(p.dtype)),
+                                p.nbytes, expect, kind)
+    res = tuple(r.reshape(p.shape) if r.shape != p.shape else r for r in res)
+    if user_out is None:
+        return res
+    kern = p.kern_out or (None, None)
+    for u, k, r in zip(user_out, kern, res):
+        if k is None:
+            u[...] = r
+    return user_out
 
 
 _TEMPLATE = '''\
@@ -120,6 +140,8 @@ def make_op(spec: OpSpec):
 OPS = {name: make_op(s) for name, s in SPECS.items()}
 rms_norm = OPS["rms_norm"]
 layer_norm = OPS["layer_norm"]
+add_rms_norm = OPS["add_rms_norm"]
+add_layer_norm = OPS["add_layer_norm"]
 softmax = OPS["softmax"]
 silu = OPS["silu"]
 gelu = OPS["gelu"]

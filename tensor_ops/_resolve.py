@@ -58,7 +58,10 @@ def host_declined(impl: OpImpl) -> OpImpl:
 
 def wrong_result(out, expect) -> bool:
     """True when a facade impl returned something other than an array of the expected 2-D
-    shape and dtype (a lying backend must not hand garbage to the caller)."""
+    shape and dtype (a lying backend must not hand garbage to the caller). ``expect[2]``,
+    when there: the number of such arrays in the tuple the impl must return."""
+    if len(expect) > 2:
+        return type(out) is not tuple or len(out) != expect[2] or any(wrong_result(o, expect[:2]) for o in out)
     try:
         dt = out.dtype
         return out.shape != expect[0] or (dt is not expect[1] and dt != expect[1])

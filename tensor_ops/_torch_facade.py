@@ -18,6 +18,8 @@ this module is reached only with a tensor in hand, so torch is already loaded).
 """
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 
 from . import _state
@@ -94,10 +96,11 @@ def _check_places(spec, args, out, x, dev: str) -> None:
         k = kind_of(a)
         if k:
             same_place(a, k, x, "torch", name, ref)
-    if out is not None:
-        k = kind_of(out)
+    outs = out if type(out) is tuple else (out,)
+    for i, o in enumerate(outs):
+        k = kind_of(o) if o is not None else ""
         if k:
-            same_place(out, k, x, "torch", "out", ref)
+            same_place(o, k, x, "torch", "out" if type(out) is not tuple else f"out[{i}]", ref)
 
 
 def _grad_args(spec, args, out):
@@ -108,8 +111,9 @@ def _grad_args(spec, args, out):
     for name, a in zip(params(spec), args):
         if kind_of(a) == "torch" and a.requires_grad:
             return name
-    if out is not None and kind_of(out) == "torch" and out.requires_grad:
-        return "out"
+    for o in (out if type(out) is tuple else (out,)):
+        if o is not None and kind_of(o) == "torch" and o.requires_grad:
+            return "out"
     return None
 
 
@@ -179,11 +183,15 @@ def host(spec, args: tuple, out, backend):
             if r is not None:
                 return to_torch(r)
     from ._facade import _general_arrays
-    ov = to_numpy(out, "out") if out is not None else None
+    ov: Any
+    if type(out) is tuple:
+        ov = tuple(to_numpy(o, f"out[{i}]") if kind_of(o) == "torch" else o for i, o in enumerate(out))
+    else:
+        ov = to_numpy(out, "out") if out is not None else None
     r = _general_arrays(spec, views, ov, backend, "torch-cpu")
     if out is not None:
         return out
-    return to_torch(r)
+    return tuple(to_torch(a) for a in r) if type(r) is tuple else to_torch(r)
 
 
 def served_device(dev: str) -> bool:

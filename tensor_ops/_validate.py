@@ -107,6 +107,19 @@ def check_vector(v, name: str, n: int, x, kx: str, dt):
     return contiguous(as_dtype(v, kv, dt, kx), kv)
 
 
+def check_like_x(v, name: str, x, kx: str, dt):
+    """A second input of x's shape (e.g. ``residual``): floating, same shape and device as x;
+    cast to x's dtype."""
+    kv = _kind(v, name)
+    vdt = _native(np_dtype(v, kv))
+    if vdt is None or not is_float(vdt):
+        raise TypeError(f"{name} must have dtype {ACCEPTED}, got {dtype_label(v, kv)}")
+    if tuple(v.shape) != tuple(x.shape):
+        raise ValueError(f"{name} must have the shape of x, {tuple(x.shape)}, got {tuple(v.shape)}")
+    same_place(v, kv, x, kx, name)
+    return as_dtype(v, kv, dt, kx)
+
+
 def _extent(a, kind: str):
     """(first byte, one past the last byte) that ``a`` can touch, or None when unknown."""
     if kind == "torch":
@@ -149,6 +162,25 @@ def overlaps(out, kind: str, inputs) -> bool:
     return False
 
 
+def _check_one_out(out, kx: str, x, dt, shape: tuple, name: str) -> tuple:
+    """(kind, whether the kernel may write into it) for one output array ``name``."""
+    ko = _kind(out, name)
+    same_place(out, ko, x, kx, name)
+    odt = np_dtype(out, ko)
+    if odt != dt:
+        raise TypeError(f"{name} must have dtype {dt} (the dtype of x), got {dtype_label(out, ko)}")
+    if tuple(out.shape) != shape:
+        raise ValueError(f"{name} must have shape {shape}, got {tuple(out.shape)}")
+    if ko == "numpy":
+        if not out.flags.writeable:
+            raise ValueError(f"{name} is read-only: pass a writable array")
+        f = out.flags
+        return ko, f.c_contiguous and f.aligned
+    if ko == "torch":
+        return ko, out.is_contiguous()
+    return ko, out.flags.c_contiguous
+
+
 def check_out(out, kx: str, x, dt, shape: tuple, inputs: tuple = ()):
     """Validate ``out=``; return (view the kernel writes or None, the caller's out or None).
 
@@ -156,25 +188,74 @@ def check_out(out, kx: str, x, dt, shape: tuple, inputs: tuple = ()):
     when ``out`` is not C-contiguous or may share memory with ``x`` or any of ``inputs``."""
     if out is None:
         return None, None
-    ko = _kind(out, "out")
-    same_place(out, ko, x, kx, "out")
-    odt = np_dtype(out, ko)
-    if odt != dt:
-        raise TypeError(f"out must have dtype {dt} (the dtype of x), got {dtype_label(out, ko)}")
-    if tuple(out.shape) != shape:
-        raise ValueError(f"out must have shape {shape}, got {tuple(out.shape)}")
-    if ko == "numpy":
-        if not out.flags.writeable:
-            raise ValueError("out is read-only: pass a writable array")
-        f = out.flags
-        direct = f.c_contiguous and f.aligned
-    elif ko == "torch":
-        direct = out.is_contiguous()
-    else:
-        direct = out.flags.c_contiguous
+    ko, direct = _check_one_out(out, kx, x, dt, shape, "out")
     if direct and overlaps(out, ko, (x, *inputs)):
         direct = False
     return (out if direct else None), out
+
+
+def same_array(a, b, kind: str) -> bool:
+    """Whether ``a`` and ``b`` are the same memory with the same layout (one array, maybe
+    two view objects of it): the exact in-place case."""
+    if a is b:
+        return True
+    if a is None or b is None or kind_of(b) != kind or tuple(a.shape) != tuple(b.shape):
+        return False
+    if kind == "numpy":
+        return (a.__array_interface__["data"][0] == b.__array_interface__["data"][0]
+                and a.strides == b.strides and a.dtype == b.dtype)
+    if kind == "torch":
+        return a.data_ptr() == b.data_ptr() and a.stride() == b.stride() and a.dtype == b.dtype
+    if kind == "cupy":
+        return a.data.ptr == b.data.ptr and a.strides == b.strides and a.dtype == b.dtype
+    return (getattr(a, "base_data", None) is getattr(b, "base_data", None) and a.offset == b.offset
+            and a.strides == b.strides and a.dtype == b.dtype)
+
+
+def _overlap(a, b, kind: str) -> bool:
+    """Whether ``a`` and ``b`` share memory (NumPy: exactly, so interleaved views of one buffer
+    do not; the bounds check first, which settles nearly every call)."""
+    if b is None or a is None:
+        return False
+    if kind == "numpy":
+        return isinstance(b, np.ndarray) and np.may_share_memory(a, b) and bool(np.shares_memory(a, b))
+    return overlaps(a, kind, (b,))
+
+
+def check_out_pair(out, kx: str, x, dt, shape: tuple, mates: tuple, inputs: tuple):
+    """Validate a two-array ``out=(out0, out1)``; return (the kernel's views, each the array
+    or None, or None; the caller's tuple or None).
+
+    ``mates[i]`` (name, array) is the one input ``out[i]`` may be (exactly: the in-place
+    form, e.g. ``out=(x, residual)``); any other sharing of memory, between the two outputs or
+    with ``inputs`` ((name, array) pairs, the mates included), is a ValueError naming both."""
+    if out is None:
+        return None, None
+    if type(out) is not tuple or len(out) != 2:
+        what = f"a tuple of {len(out)}" if type(out) is tuple else type(out).__name__
+        raise TypeError(f"out must be a tuple of two arrays (out for the normed result, out for the sum), "
+                        f"got {what}")
+    names = ("out[0]", "out[1]")
+    views = []
+    for i, o in enumerate(out):
+        ko, direct = _check_one_out(o, kx, x, dt, shape, names[i])
+        views.append((ko, direct))
+    if _overlap(out[0], out[1], views[0][0]):
+        raise ValueError("out[0] and out[1] share memory: pass two separate arrays")
+    kern = []
+    for i, o in enumerate(out):
+        ko, direct = views[i]
+        mate_name, mate = mates[i]
+        for name, a in inputs:
+            if a is None or kind_of(a) != ko:
+                continue
+            if name == mate_name and same_array(o, mate, ko):
+                continue
+            if _overlap(o, a, ko):
+                allowed = f"; {names[i]} may only be {mate_name} itself (in place)"
+                raise ValueError(f"{names[i]} shares memory with {name}{allowed}: pass a separate array")
+        kern.append(o if direct else None)
+    return tuple(kern), out
 
 
 def rows_2d(a, n: int):

@@ -115,8 +115,15 @@ class Case:
 
     def call(self, backend: Optional[str] = None, out=None, kind: str = "numpy"):
         from . import _facade
+        o = tuple(as_kind(a, kind) for a in out) if type(out) is tuple else as_kind(out, kind)
         return _facade.OPS[self.op](as_kind(self.x, kind), *(as_kind(a, kind) for a in self.args),
-                                    out=as_kind(out, kind), backend=backend)
+                                    out=o, backend=backend)
+
+    def empty_out(self, kind: str = "numpy"):
+        """A NaN-filled ``out=`` for the case (a tuple of them for a two-output op)."""
+        def one():
+            return as_kind(np.full(self.out_shape, np.nan, np_dtype(self.dtype)), kind)
+        return one() if self.spec.single else tuple(one() for _ in range(self.spec.outputs))
 
     def expected(self):
         with np.errstate(all="ignore"):
@@ -153,7 +160,26 @@ def cases(ops: Optional[Iterable[str]] = None, dtypes: Iterable[str] = DTYPES,
 
 
 def compare(case: Case, got, level: str = "conformance", kind: str = "numpy") -> str:
-    """'' when ``got`` is ``case``'s right answer within tolerance, else what is wrong."""
+    """'' when ``got`` is ``case``'s right answer within tolerance, else what is wrong (a
+    two-output op: ``got`` is the tuple, each compared with the oracle's)."""
+    if not case.spec.single:
+        if type(got) is not tuple or len(got) != case.spec.outputs:
+            return f"returned {type(got).__name__}, expected a tuple of {case.spec.outputs} arrays"
+        cache: list = []
+
+        def want(i):
+            if not cache:
+                cache.append(case.expected())
+            return cache[0][i]
+        for i, g in enumerate(got):
+            why = _compare_one(case, g, lambda i=i: want(i), level, kind)
+            if why:
+                return f"result[{i}]: {why}"
+        return ""
+    return _compare_one(case, got, case.expected, level, kind)
+
+
+def _compare_one(case: Case, got, expected, level: str, kind: str) -> str:
     if kind == "torch":
         if type(got).__module__.split(".")[0] != "torch":
             return f"returned {type(got).__name__}, expected a torch.Tensor"
@@ -164,7 +190,7 @@ def compare(case: Case, got, level: str = "conformance", kind: str = "numpy") ->
         return f"returned shape {got.shape} dtype {got.dtype}, expected {case.out_shape} {case.dtype}"
     if got.size == 0:
         return ""
-    want = case.expected()
+    want = expected()
     rtol, atol = case.tolerance(level)
     g = got.astype(np.float64)
     same_nan = np.isnan(g) == np.isnan(want)
@@ -238,13 +264,16 @@ def run_case(case: Case, backend: str, kind: str = "numpy") -> tuple[str, str]:
     why = compare(case, got, kind=kind)
     if why:
         return "failed", why
-    out = as_kind(np.full(case.out_shape, np.nan, np_dtype(case.dtype)), kind)
+    out = case.empty_out(kind)
     try:
         r2 = case.call(backend, out=out, kind=kind)
     except Exception as exc:
         return "failed", f"with out=: raised {type(exc).__name__}: {exc}"
-    if r2 is not out or not np.array_equal(to_numpy(out).astype(np.float64), to_numpy(got).astype(np.float64),
-                                           equal_nan=True):
+    pairs = list(zip(out, got)) if type(out) is tuple else [(out, got)]
+    same = (type(r2) is tuple and len(r2) == len(out) and all(a is b for a, b in zip(r2, out))
+            if type(out) is tuple else r2 is out)
+    if not same or not all(np.array_equal(to_numpy(o).astype(np.float64), to_numpy(g).astype(np.float64),
+                                               equal_nan=True) for o, g in pairs):
         return "failed", "out= gave other numbers than the plain call (or did not return out)"
     return "passed", ""
 

@@ -92,6 +92,11 @@ class _Inputs:
     def call(self, op: str, c: dict, layout: str, backend):
         x = c["xs"] if layout == "strided" else c["x"]
         kw = {} if backend is None else {"backend": backend}
+        if op in ("add_rms_norm", "add_layer_norm"):     # x is its own residual; (normed, s) side by side
+            if layout == "out":
+                kw["out"] = (np.empty(x.shape, x.dtype), np.empty(x.shape, x.dtype))
+            extra = (c["w"],) if op == "add_rms_norm" else (c["w"], c["w"])
+            return np.concatenate(getattr(to, op)(x, x, *extra, **kw), -1), (x, *extra)
         if layout == "out":
             shape = x.shape[:-1] + ((x.shape[-1] // 2,) if op in ("swiglu", "geglu") else
                                     (16,) if op == "matmul" else (x.shape[-1],))

@@ -469,6 +469,101 @@ same("softmax-axis-np-int", "softmax", "axis as np.int64(0)", lambda b: to.softm
      lambda: R.softmax(X, axis=0))
 
 
+# ---- facade: the fused residual add + norm (residual, out=(out_normed, out_sum))
+RES = (0.5 * RNG.standard_normal((4, 8))).astype(np.float32)
+
+
+def _pair_out():
+    return np.empty((4, 8), np.float32), np.empty((4, 8), np.float32)
+
+
+def _add_in_place(b):
+    x, r = X.copy(), RES.copy()
+    got = to.add_rms_norm(x, r, W, out=(x, r), backend=b)
+    assert got[0] is x and got[1] is r
+    return got
+
+
+def _add_in_place_strided(b):
+    """out=(x, residual) with column-strided x and residual (written through the views)."""
+    bx, br = np.full((4, 16), 7.0, np.float32), np.full((4, 16), 7.0, np.float32)
+    x, r = bx[:, ::2], br[:, ::2]
+    x[...], r[...] = X, RES
+    got = to.add_layer_norm(x, r, W, B, out=(x, r), backend=b)
+    assert (bx[:, 1::2] == 7.0).all() and (br[:, 1::2] == 7.0).all(), "out= wrote outside its view"
+    return got
+
+
+def _add_out_is(b, which):
+    x, r, w = X.copy(), RES.copy(), W.copy()
+    o = {"same": None, "swapped": (r, x), "weight": (w.reshape(1, 8), np.empty((1, 8), np.float32)),
+         "x-partial": None}[which]
+    if which == "same":
+        buf = np.empty((4, 8), np.float32)
+        o = (buf, buf)
+    if which == "x-partial":
+        big = np.zeros((5, 8), np.float32)
+        big[:4] = X
+        return to.add_rms_norm(big[:4], r, w, out=(big[1:], np.empty((4, 8), np.float32)), backend=b)
+    if which == "weight":
+        return to.add_rms_norm(x[:1], r[:1], w, out=o, backend=b)
+    return to.add_rms_norm(x, r, w, out=o, backend=b)
+
+
+def _add_torch_in_place(b):
+    torch = _torch()
+    x, r = torch.from_numpy(X.copy()), torch.from_numpy(RES.copy())
+    got = to.add_rms_norm(x, r, torch.from_numpy(W), out=(x, r), backend=b)
+    assert got[0] is x and got[1] is r
+    return got
+
+
+raises("add-residual-shape", "add_rms_norm", "residual of another shape than x",
+       lambda b: to.add_rms_norm(X, RES[:2], W, backend=b), ValueError,
+       "residual must have the shape of x, (4, 8), got (2, 8)", "residual")
+raises("add-residual-int", "add_layer_norm", "residual of dtype int32",
+       lambda b: to.add_layer_norm(X, RES.astype(np.int32), W, backend=b), TypeError,
+       "residual must have dtype float16, bfloat16, float32 or float64, got int32", "residual")
+raises("add-residual-list", "add_rms_norm", "residual a Python list",
+       lambda b: to.add_rms_norm(X, RES.tolist(), W, backend=b), TypeError, "residual must be an array", "residual")
+raises("add-out-array", "add_rms_norm", "out one array, not a tuple of two",
+       lambda b: to.add_rms_norm(X, RES, W, out=np.empty((4, 8), np.float32), backend=b), TypeError,
+       "out must be a tuple of two arrays", "out")
+raises("add-out-three", "add_layer_norm", "out a tuple of three arrays",
+       lambda b: to.add_layer_norm(X, RES, W, out=(*_pair_out(), np.empty((4, 8), np.float32)), backend=b),
+       TypeError, "got a tuple of 3", "out")
+raises("add-out-shape", "add_rms_norm", "out[1] of the wrong shape",
+       lambda b: to.add_rms_norm(X, RES, W, out=(_pair_out()[0], np.empty((4, 9), np.float32)), backend=b),
+       ValueError, "out[1] must have shape (4, 8)", "out[1]")
+raises("add-out-dtype", "add_rms_norm", "out[0] of another dtype",
+       lambda b: to.add_rms_norm(X, RES, W, out=(np.empty((4, 8), np.float16), _pair_out()[1]), backend=b),
+       TypeError, "out[0] must have dtype float32", "out[0]")
+raises("add-out-readonly", "add_layer_norm", "read-only out[1]",
+       lambda b: to.add_layer_norm(X, RES, W, B, out=(_pair_out()[0], _readonly((4, 8))), backend=b),
+       ValueError, "out[1] is read-only", "out[1]")
+raises("add-out-same", "add_rms_norm", "out[0] and out[1] the same array",
+       lambda b: _add_out_is(b, "same"), ValueError, "out[0] and out[1] share memory", "out[1]")
+raises("add-out-swapped", "add_rms_norm", "out=(residual, x): the in-place pairs swapped",
+       lambda b: _add_out_is(b, "swapped"), ValueError, "out[0] shares memory with residual", "out[0]")
+raises("add-out-weight", "add_rms_norm", "out[0] aliases weight (one row)",
+       lambda b: _add_out_is(b, "weight"), ValueError, "out[0] shares memory with weight", "out[0]")
+raises("add-out-x-partial", "add_rms_norm", "out[0] partially overlaps x (shifted by a row)",
+       lambda b: _add_out_is(b, "x-partial"), ValueError, "out[0] shares memory with x", "out[0]")
+same("add-in-place", "add_rms_norm", "out=(x, residual): vLLM's in-place form", _add_in_place,
+     lambda: R.add_rms_norm(X, RES, W))
+same("add-in-place-strided", "add_layer_norm", "in place on column-strided x and residual", _add_in_place_strided,
+     lambda: R.add_layer_norm(X, RES, W, B))
+same("add-torch-in-place", "add_rms_norm", "torch CPU tensors, out=(x, residual)", _add_torch_in_place)
+same("add-residual-f32-on-f16", "add_rms_norm", "float32 residual and weight for float16 x (cast to float16)",
+     lambda b: to.add_rms_norm(X16, RES, W, backend=b),
+     lambda: R.add_rms_norm(X16, RES.astype(np.float16), W.astype(np.float16)))
+same("add-f16-sum-overflow", "add_layer_norm", "float16 x + residual beyond 65504 (the sum is inf, the row NaN)",
+     lambda b: to.add_layer_norm(np.array([[60000.0, 1.0, 2.0, 3.0] * 2, [1.0] * 8], np.float16),
+                                 np.array([[60000.0, 0.0, 0.0, 0.0] * 2, [2.0] * 8], np.float16),
+                                 np.ones(8, np.float16), backend=b))
+same("add-empty", "add_rms_norm", "zero rows (0, n): two empty results", lambda b: to.add_rms_norm(X[:0], RES[:0], W, backend=b))
+
+
 # ---- tex (TransformerEngine names on torch tensors)
 def _t(a, dtype=None):
     torch = _torch()
@@ -718,11 +813,13 @@ def test_facade_bad_input(case: Case, backend: str, mode: str, monkeypatch):
         if case.oracle is not None:
             with np.errstate(all="ignore"):
                 want = case.oracle()
-            assert got.shape == np.shape(want), (got.shape, np.shape(want))
-            rtol, atol = _tol(got.dtype)
-            with np.errstate(all="ignore"), warnings.catch_warnings():
-                warnings.simplefilter("ignore", RuntimeWarning)
-                np.testing.assert_allclose(np.asarray(got, np.float64), want, rtol=rtol, atol=atol, equal_nan=True)
+            pairs = zip(got, want) if isinstance(want, tuple) else [(got, want)]   # two-output ops
+            for g, w in pairs:
+                assert g.shape == np.shape(w), (g.shape, np.shape(w))
+                rtol, atol = _tol(g.dtype)
+                with np.errstate(all="ignore"), warnings.catch_warnings():
+                    warnings.simplefilter("ignore", RuntimeWarning)
+                    np.testing.assert_allclose(np.asarray(g, np.float64), w, rtol=rtol, atol=atol, equal_nan=True)
         return
     assert_same(got, _run(Case(**{**case.__dict__, "call": call}), FACADE_REF), f"{case.id} on {backend} ({mode})")
 

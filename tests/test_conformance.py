@@ -33,10 +33,11 @@ def test_conformance(backend, case, kind):
     assert result == "passed", f"{backend} {case.id}: {detail}"
 
 
+@pytest.mark.parametrize("op", ["rms_norm", "add_rms_norm"])
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 @pytest.mark.parametrize("n", [37, 4096])
 @pytest.mark.parametrize("backend", BACKENDS)
-def test_rms_norm_rows_whose_squares_overflow(backend, n, dtype):
+def test_rms_norm_rows_whose_squares_overflow(backend, n, dtype, op):
     """|x| > ~1.8e19 overflows x² in fp32: every backend redoes such a row (in double, or
     scaled by 1/max|x|), so finite input gives the fp64 formula's values, not the 0 that
     torch's F.rms_norm returns; rows holding inf/NaN keep NaN. The fuzzer compares these
@@ -44,7 +45,7 @@ def test_rms_norm_rows_whose_squares_overflow(backend, n, dtype):
     import numpy as np
 
     import tensor_ops as to
-    backend_impl("rms_norm", backend)
+    backend_impl(op, backend)
     rows = np.tile(np.linspace(-2.0, 3.0, n), (6, 1))
     rows[0, :3] = (1e20, -3e19, 2e19)
     rows[1, :2] = (3e37, -1e37)
@@ -59,7 +60,13 @@ def test_rms_norm_rows_whose_squares_overflow(backend, n, dtype):
     w = np.linspace(0.5, 1.5, n).astype(x.dtype)
     try:
         with tt.strict():
-            y = to.rms_norm(x, w, 1e-6, backend=backend).astype(np.float64)
+            if op == "rms_norm":
+                y = to.rms_norm(x, w, 1e-6, backend=backend).astype(np.float64)
+            else:   # the fused add: x = a + residual, rounded exactly (the halves of x)
+                half = (x.astype(np.float64) / 2).astype(x.dtype)
+                y, s = to.add_rms_norm(half, half, w, 1e-6, backend=backend)
+                np.testing.assert_array_equal(s.astype(np.float64), x.astype(np.float64))
+                y = y.astype(np.float64)
     except to.BackendUnsupportedError as exc:
         pytest.skip(f"{backend} does not serve {dtype}: {exc}")
     x64, w64 = x.astype(np.float64), w.astype(np.float64)

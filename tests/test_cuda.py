@@ -870,13 +870,23 @@ def launch(name, *args):
 launch("to_rms_norm_f32", x, w, y, L(rows), I(n), F(1e-6), I(0))
 launch("to_layer_norm_f32", x, w, b, y, L(rows), I(n), F(1e-5), I(0))
 launch("to_softmax_f32", x, y, L(rows), I(n), I(0))
+# the fused add + norm: streamed rows (vec 0: s reread from memory), then in place (y is x,
+# s is r), streamed and cached (vec 1: 4-wide, the row in registers)
+r, s = np.random.default_rng(1).standard_normal((rows, n)).astype(np.float32), np.empty((rows, n), np.float32)
+launch("to_add_rms_norm_f32", x, r, w, y, s, L(rows), I(n), F(1e-6), I(0))
+launch("to_add_layer_norm_f32", x, r, w, b, y, s, L(rows), I(n), F(1e-5), I(0))
+for vec in (0, 1):
+    xi, ri = x.copy(), r.copy()
+    launch("to_add_rms_norm_f32", xi, ri, w, xi, ri, L(rows), I(n), F(1e-6), I(vec))
+    launch("to_add_layer_norm_f32", xi, ri, w, b, xi, ri, L(rows), I(n), F(1e-5), I(vec))
 print("launched")
 """
 
 
 def _tsan_run(tmp_path, sources: dict) -> subprocess.CompletedProcess:
     """Build the emulation of ``sources`` ({name: text}, every cuda_ext file) with
-    -fsanitize=thread and run block-mode rms_norm/layer_norm/softmax launches under it."""
+    -fsanitize=thread and run block-mode rms_norm/layer_norm/softmax and add_rms_norm/add_layer_norm
+    (also in place) launches under it."""
     import shutil
     gxx = shutil.which("g++")
     if gxx is None:
@@ -962,3 +972,147 @@ def test_emulation_several_rows_per_group(emu, op, shape, inplace):
     if inplace:
         assert y is dev["x"]
     np.testing.assert_allclose(_from_storage(y), ref, rtol=rtol, atol=atol)
+
+
+# ------------------------------------------------------------------ fused residual add + norm
+ADD_OPS = ["add_rms_norm", "add_layer_norm"]
+
+
+def _emu_arrays(host: dict, dtype: str, offset: int = 0) -> dict:
+    dev = {}
+    for k, v in host.items():
+        t = _emu_empty(v.shape, dtype, offset)
+        t.arr[...] = _to_storage(v, dtype)
+        dev[k] = t
+    return dev
+
+
+def _add_ref(op, dev, dtype):
+    """(normed, s) from the stored inputs: s = x + r rounded to the dtype (fp32 add, one
+    rounding, as the kernels do), the norm of that s in float64."""
+    s32 = (_from_storage(dev["x"]) + _from_storage(dev["r"])).astype(np.float32)
+    s_t = _emu_empty(s32.shape, dtype)
+    s_t.arr[...] = _to_storage(s32, dtype)
+    s = _from_storage(s_t)
+    extra = {k: _from_storage(v) for k, v in dev.items()}
+    return _ref(op[len("add_"):], s, extra), s
+
+
+def _add_call(op, dev, out=None, residual_out=None):
+    if op == "add_rms_norm":
+        return cuda.add_rms_norm(dev["x"], dev["r"], dev["w"], 1e-6, out, residual_out)
+    return cuda.add_layer_norm(dev["x"], dev["r"], dev["w"], dev["b"], 1e-5, out, residual_out)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16"])
+@pytest.mark.parametrize("shape", EMU_SHAPES, ids=lambda s: f"{s[0]}x{s[1]}")
+@pytest.mark.parametrize("op", ADD_OPS)
+@pytest.mark.parametrize("offset", [0, 1], ids=["aligned", "offset1"])
+def test_add_norm_kernels_on_cpu_emulation(emu, op, shape, dtype, offset):
+    """The fused add + norm kernels: s bit-exact (fp32 add, one rounding), the norm of the
+    stored s within the conformance tolerance; warp (n <= 512), cached and streamed block rows,
+    the vector and the scalar (offset) paths; then with out= and residual_out= given."""
+    rng = np.random.default_rng(abs(hash((op, shape))) % 2**32)
+    n = shape[1]
+    host = {"x": (rng.standard_normal(shape) * 3).astype(np.float32),
+            "r": (rng.standard_normal(shape) * 3).astype(np.float32),
+            "w": rng.standard_normal(n).astype(np.float32), "b": rng.standard_normal(n).astype(np.float32)}
+    dev = _emu_arrays(host, dtype, offset)
+    ref, s_ref = _add_ref(op, dev, dtype)
+    rtol, atol = TOL[dtype]
+    atol *= max(1.0, np.sqrt(n) / 8)
+    y, s = _add_call(op, dev)
+    np.testing.assert_array_equal(_from_storage(s), s_ref)
+    np.testing.assert_allclose(_from_storage(y), ref, rtol=rtol, atol=atol)
+    out, rout = _emu_empty(shape, dtype, offset), _emu_empty(shape, dtype, offset)
+    y2, s2 = _add_call(op, dev, out, rout)
+    assert y2 is out and s2 is rout
+    np.testing.assert_array_equal(_from_storage(rout), s_ref)
+    np.testing.assert_allclose(_from_storage(out), ref, rtol=rtol, atol=atol)
+
+
+@pytest.mark.parametrize("shape", MULTI_ROW + [(3, 8200)], ids=lambda s: f"{s[0]}x{s[1]}")
+@pytest.mark.parametrize("op", ADD_OPS)
+def test_add_norm_in_place_on_cpu_emulation(emu, op, shape):
+    """vLLM's in-place form: out is x and residual_out is residual (several rows per
+    warp/block, and a streamed row that rereads s from memory)."""
+    rng = np.random.default_rng(abs(hash((op, shape, "inplace"))) % 2**32)
+    n = shape[1]
+    host = {"x": (rng.standard_normal(shape) * 3).astype(np.float32),
+            "r": (rng.standard_normal(shape) * 3).astype(np.float32),
+            "w": rng.standard_normal(n).astype(np.float32), "b": rng.standard_normal(n).astype(np.float32)}
+    dev = _emu_arrays(host, "float32")
+    ref, s_ref = _add_ref(op, dev, "float32")
+    rtol, atol = TOL["float32"]
+    atol *= max(1.0, np.sqrt(n) / 8)
+    y, s = _add_call(op, dev, dev["x"], dev["r"])
+    assert y is dev["x"] and s is dev["r"]
+    np.testing.assert_array_equal(_from_storage(s), s_ref)
+    np.testing.assert_allclose(_from_storage(y), ref, rtol=rtol, atol=atol)
+
+
+@pytest.mark.parametrize("n", [37, 64, 8200], ids=["scalar", "cached", "streamed"])
+def test_add_rms_norm_rows_whose_squares_overflow_on_cpu_emulation(emu, n):
+    """As test_rms_norm_rows_whose_squares_overflow_on_cpu_emulation for the fused kernel:
+    x and residual are the halves of the rows (s is the row exactly)."""
+    rows = _overflow_rows(n)
+    half = rows / 2
+    w = np.linspace(0.5, 1.5, n, dtype=np.float32)
+    dev = {}
+    for k, v in {"x": half, "r": half, "w": w, "b": w}.items():
+        t = _emu_empty(v.shape, "float32", 0)
+        t.arr[...] = v
+        dev[k] = t
+    y, s = _add_call("add_rms_norm", dev)
+    np.testing.assert_array_equal(_from_storage(s), rows.astype(np.float64))
+    y = _from_storage(y)
+    x64 = rows.astype(np.float64)
+    with np.errstate(over="ignore", invalid="ignore"):
+        want = x64 / np.sqrt((x64 * x64).mean(-1, keepdims=True) + 1e-6) * w
+    ok = [0, 1, 2, 5]
+    np.testing.assert_allclose(y[ok], want[ok], rtol=2e-5, atol=1e-6)
+    assert np.isnan(y[3]).any() and np.isnan(y[4]).all()
+
+
+@pytest.mark.parametrize("inplace", [False, True], ids=["out", "inplace"])
+@pytest.mark.parametrize("lib", ["cupy", "torch"])
+@pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16"])
+@pytest.mark.parametrize("shape", SHAPES, ids=lambda s: f"{s[0]}x{s[1]}")
+@pytest.mark.parametrize("op", ADD_OPS)
+def test_add_norm_kernel_matches_fp64_reference(op, shape, dtype, lib, inplace):
+    """On a GPU: the fused kernels against the fp64 norm of s = x + residual (rounded to the
+    dtype by the device itself: torch's/CuPy's add), with fresh outputs or in place."""
+    cupy = _require_gpu()
+    if lib == "cupy" and dtype == "bfloat16":
+        pytest.skip("CuPy has no bfloat16 dtype; bf16 is covered with torch tensors")
+    torch = pytest.importorskip("torch") if lib == "torch" else None
+    if torch is not None and not torch.cuda.is_available():
+        pytest.skip("torch has no CUDA here")
+    rng = np.random.default_rng(hash((op, shape)) % 2**32)
+    n = shape[1]
+    host = {"x": (rng.standard_normal(shape) * 3).astype(np.float32),
+            "r": (rng.standard_normal(shape) * 3).astype(np.float32),
+            "w": rng.standard_normal(n).astype(np.float32), "b": rng.standard_normal(n).astype(np.float32)}
+    if lib == "cupy":
+        dev = {k: cupy.asarray(v.astype(dtype)) for k, v in host.items()}
+        s_dev = (dev["x"].astype(np.float32) + dev["r"].astype(np.float32)).astype(dtype)
+
+        def back(a):
+            return a.get().astype(np.float64)
+    else:
+        tdt = getattr(torch, dtype)
+        dev = {k: torch.from_numpy(v).to("cuda", tdt) for k, v in host.items()}
+        s_dev = (dev["x"].float() + dev["r"].float()).to(tdt)
+
+        def back(a):
+            return a.float().cpu().numpy().astype(np.float64)
+    s_ref = back(s_dev)
+    ref = _ref(op[len("add_"):], s_ref, {k: back(v) for k, v in dev.items()})
+    out = (dev["x"], dev["r"]) if inplace else (None, None)
+    y, s = _add_call(op, dev, *out)
+    if inplace:
+        assert y is dev["x"] and s is dev["r"]
+    rtol, atol = TOL[dtype]
+    atol *= max(1.0, np.sqrt(n) / 8)
+    np.testing.assert_array_equal(back(s), s_ref)
+    np.testing.assert_allclose(back(y), ref, rtol=rtol, atol=atol)

@@ -317,7 +317,8 @@ x = rng.standard_normal((5, 16)).astype(np.float32)
 w = np.linspace(0.5, 1.5, 16).astype(np.float32)
 cs = np.cos(rng.standard_normal((5, 8))).astype(np.float32)
 args = {"rms_norm": (x, w), "layer_norm": (x, w, w), "softmax": (x,), "silu": (x,), "relu": (x,),
-        "gelu": (x,), "swiglu": (x,), "geglu": (x,), "rope": (x, cs, cs)}
+        "gelu": (x,), "swiglu": (x,), "geglu": (x,), "rope": (x, cs, cs),
+        "add_rms_norm": (x, x[::-1].copy(), w), "add_layer_norm": (x, x[::-1].copy(), w, w)}
 order = f"{backend},numpy"
 bad = []
 with warnings.catch_warnings(record=True) as rec:

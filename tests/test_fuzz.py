@@ -98,9 +98,13 @@ _S = {
 }
 
 
+#: the two-output ops (the fused residual add + norm) -> the norm they end in
+PAIR_OPS = {n: n[len("add_"):] for n, s in SPECS.items() if s.outputs == 2}
+
+
 @st.composite
-def recipes(draw):
-    op = draw(_S["op"])
+def recipes(draw, ops=None):
+    op = draw(_S["op"] if ops is None else st.sampled_from(ops))
     dtype = draw(_S["dtype"])
     n = draw(_S["n"])
     if op in ("swiglu", "geglu", "geglu_tanh", "rope", "rope_interleaved"):
@@ -182,6 +186,13 @@ def build(p: dict):
     x = _layout(x, p["layout"], rng)
     n = shape[-1]
     op = p["op"]
+    if op in PAIR_OPS:            # the residual: the same recipe's values and layout, drawn after x
+        r = _layout(_values(rng, shape, p, dt).astype(dt), p["layout"], rng)
+        w = (1 + 0.5 * rng.standard_normal(n)).astype(dt)
+        b = (0.5 * rng.standard_normal(n)).astype(dt)
+        if op == "add_rms_norm":
+            return x, (r, w), {"eps": p["eps"]}, lambda: R.add_rms_norm(x, r, w, p["eps"])
+        return x, (r, w, b), {"eps": p["eps"]}, lambda: R.add_layer_norm(x, r, w, b, p["eps"])
     if op in ("rms_norm", "layer_norm"):
         w = (1 + 0.5 * rng.standard_normal(n)).astype(dt)
         b = (0.5 * rng.standard_normal(n)).astype(dt)
@@ -448,11 +459,14 @@ def _call_kind(p, backend, x, args, kw, out):
     f = facade_fn(p["op"])
     if p["mode"] == "policy":
         with _Policy(backend):
-            plain = x[..., :2, :] if x.ndim >= 2 else x
-            plain = plain.contiguous() if type(plain).__module__.startswith("torch") else np.ascontiguousarray(plain)
+            def plain_of(a):
+                a = a[..., :2, :] if a.ndim >= 2 else a
+                return a.contiguous() if type(a).__module__.startswith("torch") else np.ascontiguousarray(a)
+            plain = plain_of(x)
+            pargs = (plain_of(args[0]), *args[1:]) if p["op"] in PAIR_OPS else args   # the residual too
             if p["op"] not in ("rope", "rope_interleaved", "matmul"):
                 with np.errstate(all="ignore"):                       # warm: fills the fast-path cache
-                    f(plain, *args, **kw)
+                    f(plain, *pargs, **kw)
             with np.errstate(all="ignore"):
                 return f(x, *args, **kw, out=out)
     with np.errstate(all="ignore"):
@@ -499,9 +513,80 @@ def _check_ovf(got, want, rows, where):
             f"{where}: a row overflowing fp32 gave finite values that are not the fp64 result: {gr[:4]} vs {wr[:4]}"
 
 
-def check(p: dict, backends=None, skip_known: bool = True) -> int:
-    """Run one recipe on every available backend; returns how many backend runs it made."""
-    x, args, kw, oracle = build(p)
+def _pair_call(p, backend, x, args, kw):
+    """A fused add + norm recipe on ``backend``: the call (out= none / a contiguous pair / a
+    strided pair / the in-place form out=(x, residual)), s checked against x + residual rounded
+    to the dtype (exactly where NaN/±Inf), the inputs left unmodified; returns normed, which
+    :func:`check` compares as the norm of that s."""
+    r = args[0]
+    with np.errstate(all="ignore"):
+        s_want = (x.astype(np.float64) + r.astype(np.float64)).astype(x.dtype).astype(np.float64)
+    bigs = None
+    if p["out"] == "alias":
+        x, r = np.array(x, copy=True), np.array(r, copy=True)
+        out = (x, r)
+    elif p["out"] == "contig":
+        out = (np.full(x.shape, 123.0, x.dtype), np.full(x.shape, 123.0, x.dtype))
+    elif p["out"] == "strided":
+        bigs = [np.full(x.shape[:-1] + (x.shape[-1] * 2,), 123.0, x.dtype) for _ in "ab"]
+        out = (bigs[0][..., ::2], bigs[1][..., ::2])
+    else:
+        out = None
+    args = (r, *args[1:])
+    snap = [np.array(a, copy=True) for a in (x, *args) if isinstance(a, np.ndarray)] if p["out"] != "alias" else []
+    if _torch_kind(p):
+        pytest.importorskip("torch", reason="torch not installed")
+        ot = tuple(tt.as_kind(o, "torch") for o in out) if out is not None else None
+        got = _call_kind(p, backend, tt.as_kind(x, "torch"), tuple(tt.as_kind(a, "torch") for a in args), kw, ot)
+        assert type(got) is tuple and all(type(g).__module__.startswith("torch") for g in got), \
+            f"{backend}: torch in, {type(got).__name__} out"
+        if out is not None:
+            assert all(g is o for g, o in zip(got, ot)), f"{backend}: out= given but other tensors returned"
+            got = out
+        got = tuple(tt.to_numpy(g) for g in got)
+    else:
+        got = _call_kind(p, backend, x, args, kw, out)
+        if out is not None:
+            assert all(g is o for g, o in zip(got, out)), f"{backend}: out= given but other arrays returned"
+    for before, a in zip(snap, [a for a in (x, *args) if isinstance(a, np.ndarray)]):
+        assert np.array_equal(before, a, equal_nan=True), f"{backend}: an input was modified"
+    if bigs is not None:
+        assert all((bg[..., 1::2] == 123.0).all() for bg in bigs), f"{backend}: wrote outside the out= views"
+    assert type(got) is tuple and len(got) == 2, (backend, type(got))
+    s = got[1].astype(np.float64)
+    where = f"{p['op']} on {backend} ({p['mode']}): s"
+    assert got[1].dtype == _dt(p["dtype"]) and s.shape == s_want.shape, (where, got[1].dtype, s.shape)
+    assert (np.isnan(s) == np.isnan(s_want)).all(), f"{where}: NaN positions differ"
+    inf = np.isinf(s_want)
+    assert (s[inf] == s_want[inf]).all(), f"{where}: ±Inf differs"
+    fin = np.isfinite(s_want)
+    rtol, atol = _ops_tolerance(p["dtype"], level="fuzz")
+    assert np.allclose(s[fin], s_want[fin], rtol=rtol, atol=atol), f"{where}: off by {np.abs(s - s_want)[fin].max()}"
+    return got[0]
+
+
+def _check_pair(p: dict, backends, skip_known: bool) -> int:
+    """A fused add + norm recipe: s by :func:`_pair_call`, normed by the norm's own checks on s
+    (x + residual rounded to the dtype: the input the norm sees)."""
+    x, args, kw, _ = build(p)
+    with np.errstate(all="ignore"):
+        s = (x.astype(np.float64) + args[0].astype(np.float64)).astype(x.dtype)
+    base = PAIR_OPS[p["op"]]
+    weights = args[1:]
+    oracle = getattr(R, base)
+    built = (s, weights, kw, lambda: oracle(s, *weights, p["eps"]))
+    bs = [b for b in (backends or available_backends()) if b == "numpy" or _implements(b, p["op"])]
+    return check({**p, "op": base}, bs, skip_known, built=built,
+                 call=lambda _p, b, _x, _a, _kw: _pair_call(p, b, x, args, kw))
+
+
+def check(p: dict, backends=None, skip_known: bool = True, built=None, call=None) -> int:
+    """Run one recipe on every available backend; returns how many backend runs it made.
+    (``built``/``call``: the fused add + norm's own arrays and call, :func:`_check_pair`.)"""
+    if p["op"] in PAIR_OPS:
+        return _check_pair(p, backends, skip_known)
+    x, args, kw, oracle = built or build(p)
+    call = call or _call
     want = _oracle(p, oracle)
     use_ref = np.zeros(want.shape, bool)
     rows = _range_rows(p, x)
@@ -577,10 +662,10 @@ def check(p: dict, backends=None, skip_known: bool = True) -> int:
             if not _serves_dtype(b, p["dtype"]):
                 # a forced backend is never silently replaced: the call must say so
                 with pytest.raises(to.BackendUnsupportedError, match=p["dtype"]):
-                    _call(p, b, x, args, kw)
+                    call(p, b, x, args, kw)
                 runs += 1
                 continue
-            got = _call(p, b, x, args, kw)
+            got = call(p, b, x, args, kw)
             ig = ignore
             if amb is not None and amb.any():
                 g64 = got.astype(np.float64)
@@ -620,6 +705,23 @@ def test_fuzz_differential(request, isolated_config):
               suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large,
                                      HealthCheck.function_scoped_fixture])
     @given(recipes())
+    def fuzz(p):
+        _checked(p)
+
+    fuzz()
+
+
+def test_fuzz_add_norm(isolated_config):
+    """The fused residual add + norm ops alone (they are in the general fuzzer's op list too):
+    s = x + residual exactly as rounded, normed as the norm of that s, on every backend, with
+    out= a pair, strided views and the in-place form out=(x, residual)."""
+    if not available_backends():
+        pytest.skip("no facade backend available")
+
+    @settings(max_examples=300, deadline=None, derandomize=True, database=None, print_blob=True,
+              suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large,
+                                     HealthCheck.function_scoped_fixture])
+    @given(recipes(tuple(PAIR_OPS)))
     def fuzz(p):
         _checked(p)
 

@@ -231,6 +231,38 @@ def test_pyopencl_arrays_stay_on_device(cl_ok):
     np.testing.assert_allclose(y2.get(), y.get(), rtol=0, atol=0)
 
 
+@pytest.mark.parametrize("op", ["add_rms_norm", "add_layer_norm"])
+def test_add_norm_on_pyopencl_arrays_and_in_place(cl_ok, op):
+    """The fused add + norm on device arrays: a pair of device results, out= a pair, and vLLM's
+    in-place form out=(x, residual) (the same buffers passed as input and output); on host
+    arrays in place too (computed into temporaries: USE_HOST_PTR buffers must not alias)."""
+    import pyopencl.array as cla
+    warnings.simplefilter("error", to.BackendFallbackWarning)    # the opencl impl itself must serve
+    q = ocl.get_queue()
+    rng = np.random.default_rng(4)
+    x = rng.standard_normal((6, 40)).astype(np.float32)
+    r = rng.standard_normal((6, 40)).astype(np.float32)
+    w = (rng.standard_normal(40) + 1).astype(np.float32)
+    extra = (w,) if op == "add_rms_norm" else (w, w)
+    want = getattr(to, op)(x, r, *extra, backend="numpy")
+    f = getattr(to, op)
+    xd, rd = cla.to_device(q, x), cla.to_device(q, r)
+    wd = tuple(cla.to_device(q, a) for a in extra)
+    got = f(xd, rd, *wd, backend="opencl")
+    assert all(isinstance(g, cla.Array) for g in got)
+    for g, e in zip(got, want):
+        np.testing.assert_allclose(g.get(), e, rtol=2e-5, atol=2e-5)
+    got = f(xd, rd, *wd, out=(xd, rd), backend="opencl")
+    assert got[0] is xd and got[1] is rd
+    for g, e in zip(got, want):
+        np.testing.assert_allclose(g.get(), e, rtol=2e-5, atol=2e-5)
+    xh, rh = x.copy(), r.copy()
+    got = f(xh, rh, *extra, out=(xh, rh), backend="opencl")
+    assert got[0] is xh and got[1] is rh
+    for g, e in zip(got, want):
+        np.testing.assert_allclose(g, e, rtol=2e-5, atol=2e-5)
+
+
 def test_pyopencl_array_from_foreign_context(cl_ok):
     import pyopencl as cl
     import pyopencl.array as cla

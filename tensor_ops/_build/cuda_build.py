@@ -47,7 +47,7 @@ MIN_SM = 75
 # One extern "C" kernel per (op, dtype), named to_<op>_<dtype> (SYMBOL_PREFIX: the project's one
 # kernel symbol prefix, shared with opencl_ext/); tensor_ops/backends/cuda/ launches these names.
 SYMBOL_PREFIX = "to_"
-KERNEL_OPS = ("rms_norm", "layer_norm", "softmax", "silu", "relu", "gelu", "gelu_tanh",
+KERNEL_OPS = ("rms_norm", "layer_norm", "add_rms_norm", "add_layer_norm", "softmax", "silu", "relu", "gelu", "gelu_tanh",
               "swiglu", "geglu", "geglu_tanh", "rope")
 DTYPE_SUFFIXES = ("f32", "f16", "bf16")
 

@@ -13,13 +13,13 @@ from ._spec import OpSpec, Prepared, XRule
 from ._tolerance import TOLERANCES, tolerance
 from .activation import GEGLU, GELU, RELU, SILU, SWIGLU
 from .matmul import MATMUL
-from .norm import LAYER_NORM, RMS_NORM
+from .norm import ADD_LAYER_NORM, ADD_RMS_NORM, LAYER_NORM, RMS_NORM
 from .rope import ROPE
 from .softmax import SOFTMAX
 
 #: name -> spec, in the order the docs and tables list them
 SPECS: dict[str, OpSpec] = {s.name: s for s in (
-    RMS_NORM, LAYER_NORM, SOFTMAX, SILU, GELU, RELU, SWIGLU, GEGLU, ROPE, MATMUL)}
+    RMS_NORM, LAYER_NORM, ADD_RMS_NORM, ADD_LAYER_NORM, SOFTMAX, SILU, GELU, RELU, SWIGLU, GEGLU, ROPE, MATMUL)}
 FACADE_OPS = tuple(SPECS)
 #: the ops with hand-written kernels (every native backend's op table); matmul goes to BLAS
 KERNEL_OPS = tuple(n for n, s in SPECS.items() if s.kernel)

@@ -5,7 +5,7 @@ import math
 
 import numpy as np
 
-from .._validate import check_out, contiguous, rows_2d
+from .._validate import check_out, check_out_pair, contiguous, rows_2d
 from ._spec import Prepared
 
 SQRT_2_OVER_PI = math.sqrt(2.0 / math.pi)
@@ -35,6 +35,22 @@ def rows(x, kx: str, dt, extra: tuple, out, out_width: int | None = None, inputs
     x2 = rows_2d(contiguous(x, kx), n)
     o2 = rows_2d(kern_out, w) if kern_out is not None else None
     return Prepared((x2, *extra, o2), kx, x, dt, shape, (x2.shape[0], w), user_out, o2, x.nbytes)
+
+
+def rows_pair(x, kx: str, dt, r, extra: tuple, out, mates: tuple, inputs: tuple) -> Prepared:
+    """:func:`rows` for an op with a second x-shaped input ``r`` (already checked and cast)
+    and two x-shaped outputs (``out=(out0, out1)``, see ``_validate.check_out_pair``); kernel
+    args ``(x2, r2, *extra, out0, out1)``."""
+    shape = tuple(x.shape)
+    kern, user = check_out_pair(out, kx, x, dt, shape, mates, inputs)
+    if 0 in shape:
+        return Prepared(None, kx, x, dt, shape, None, user, kern, 0)
+    n = shape[-1]
+    x2 = rows_2d(contiguous(x, kx), n)
+    r2 = rows_2d(contiguous(r, kx), n)
+    o = tuple(rows_2d(k, n) if k is not None else None for k in kern) if kern is not None else (None, None)
+    return Prepared((x2, r2, *extra, *o), kx, x, dt, shape, (x2.shape[0], n), user,
+                    o if kern is not None else None, 2 * x.nbytes)
 
 
 def erf64(x):

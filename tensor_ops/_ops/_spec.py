@@ -32,8 +32,9 @@ class Prepared(NamedTuple):
     dtype: Any             # numpy dtype of the result
     shape: tuple           # the result's shape as the caller sees it
     shape2: Optional[tuple]  # the impl's result shape (a wrong one is a backend failure); None: unchecked
-    user_out: Any          # the caller's ``out=`` or None
-    kern_out: Any          # the view the impl writes into (None: the result is copied into user_out)
+    user_out: Any          # the caller's ``out=`` or None (a tuple for a two-output op)
+    kern_out: Any          # the view the impl writes into (None: the result is copied into user_out;
+                           # a two-output op: a tuple of such views, or None)
     nbytes: int            # the resolver's size (tuning buckets)
     finish: Optional[Callable[[Any], Any]] = None   # applied to the impl's result (e.g. an axis moved back)
 
@@ -61,6 +62,12 @@ class OpSpec:
     kernel: bool = True                 # hand-written kernels (False: matmul goes to BLAS)
     out_width: Callable[[int], int] = lambda n: n   # the result's last axis from x's
     bench_variants: tuple = ("",)       # the variants the benchmark times
+    outputs: int = 1                    # 2: the op returns a tuple of two x-shaped arrays, ``out=`` is a
+                                        # tuple too and the kernel params end in two outputs
+
+    @property
+    def single(self) -> bool:
+        return self.outputs == 1
 
     @property
     def name(self) -> str:

@@ -1,7 +1,8 @@
 """The CuPy reference backend (``reference.cupy``): what the CUDA kernels do not serve, on
 device arrays, computed by CuPy on the arrays' own device and stream.
 
-- float64 of every kernel op, in float64 (the kernels take float32, float16 and bfloat16);
+- float64 of every kernel op, in float64 (the kernels take float32, float16 and bfloat16),
+  the fused add + norm included (two results);
 - ``matmul`` in any float dtype: cuBLAS through ``cupy.matmul`` (``torch.matmul``, also
   cuBLAS, for torch CUDA tensors). GEMM is never hand-written.
 
@@ -49,6 +50,45 @@ def layer_norm(x, weight, bias, eps, out):
         y = d / cp.sqrt((d * d).mean(-1, keepdims=True) + eps) * w
         return y if b is None else y + b
     return _run("layer_norm", x, (weight, bias, out), ("weight", "bias", "out"), f)
+
+
+def _run_pair(op, x, others, names, compute):
+    """:func:`_run` for the fused add + norm: ``compute`` gives (y, s), both new arrays (so
+    out=x / residual_out=residual, the in-place form, are written only after both exist),
+    written into the last two of ``others`` (out, residual_out) or returned."""
+    c = Call(op, x, *others, names=names)
+    with guard(op, NAME), c.on_device():
+        import cupy
+        rs = compute(cupy, *[c.cupy_view(a) if a is not None else None for a in (x, *others[:-2])])
+        res = []
+        for r, out in zip(rs, others[-2:]):
+            if out is None:
+                if c.kind == "cupy":
+                    res.append(r)
+                    continue
+                import torch
+                out = torch.empty(tuple(r.shape), dtype=x.dtype, device=x.device)
+            c.cupy_view(out)[...] = r
+            res.append(out)
+        return tuple(res)
+
+
+def add_rms_norm(x, residual, weight, eps, out, residual_out):
+    def f(cp, x, r, w):
+        s = x + r
+        return s / cp.sqrt((s * s).mean(-1, keepdims=True) + eps) * w, s
+    return _run_pair("add_rms_norm", x, (residual, weight, out, residual_out),
+                     ("residual", "weight", "out", "residual_out"), f)
+
+
+def add_layer_norm(x, residual, weight, bias, eps, out, residual_out):
+    def f(cp, x, r, w, b):
+        s = x + r
+        d = s - s.mean(-1, keepdims=True)
+        y = d / cp.sqrt((d * d).mean(-1, keepdims=True) + eps) * w
+        return (y if b is None else y + b), s
+    return _run_pair("add_layer_norm", x, (residual, weight, bias, out, residual_out),
+                     ("residual", "weight", "bias", "out", "residual_out"), f)
 
 
 def softmax(x, out):

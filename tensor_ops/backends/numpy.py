@@ -77,6 +77,23 @@ def layer_norm(x, weight, bias, eps, out):
     return _finish(y, x.dtype, out)
 
 
+def _add(x, residual):
+    """x + residual rounded to x's dtype (16-bit: added in fp32, rounded once), a new array."""
+    with np.errstate(over="ignore", invalid="ignore"):
+        return (_work(x) + _work(residual)).astype(x.dtype)
+
+
+def add_rms_norm(x, residual, weight, eps, out, residual_out):
+    # s first, into a new array: out may be x and residual_out may be residual (in place)
+    s = _add(x, residual)
+    return rms_norm(s, weight, eps, out), _finish(s, x.dtype, residual_out)
+
+
+def add_layer_norm(x, residual, weight, bias, eps, out, residual_out):
+    s = _add(x, residual)
+    return layer_norm(s, weight, bias, eps, out), _finish(s, x.dtype, residual_out)
+
+
 def softmax(x, out):
     xf = _work(x)
     m = np.max(xf, axis=-1, keepdims=True)

@@ -17,6 +17,10 @@ _TEMPLATE = '''\
 def {name}({params}, *, out=None, backend=None):
     r = _call({name!r}, ({args},), backend)
     if out is not None:
+        if type(out) is tuple:
+            for o, v in zip(out, r):
+                o.copy_(v)
+            return out
         out.copy_(r)
         return out
     return r

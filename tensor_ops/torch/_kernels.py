@@ -142,6 +142,19 @@ def layer_norm_fwd(x, w, b, eps: float, backend):
     return y, mu, rs
 
 
+def rms_stats(s, eps: float):
+    """rsigma of rows ``s`` (the fused add's saved sum), as rms_norm_fwd gives it."""
+    return torch.rsqrt(_math(s).square().mean(-1) + eps).to(_stat_dtype(s))
+
+
+def ln_stats(s, eps: float):
+    """(mu, rsigma) of rows ``s``, as layer_norm_fwd gives them."""
+    sm = _math(s)
+    m = sm.mean(-1)
+    rs = torch.rsqrt((sm - m.unsqueeze(-1)).square().mean(-1) + eps)
+    return m.to(_stat_dtype(s)), rs.to(_stat_dtype(s))
+
+
 def glu2(act: str, a, b, backend):
     """act(a) * b on two operands of one shape (Hugging Face's gate and up projections)."""
     if a.numel() and native_ok(a, b, binding="glu2") and _first_backend("swiglu", a, backend) == "cpp":

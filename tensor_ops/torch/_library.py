@@ -2,7 +2,8 @@
 implementation and a registered backward, so autograd, ``torch.library.opcheck`` and
 ``torch.compile(fullgraph=True)`` work (imported by :func:`tensor_ops.torch.register`).
 
-The norms follow aten's own layer_norm / native_layer_norm design: the public op
+The norms (and the fused residual add + norm, ``add_rms_norm_fwd`` → ``(normed, s)``) follow
+aten's own layer_norm / native_layer_norm design: the public op
 (``tensor_ops::rms_norm``) is CompositeImplicitAutograd and calls a custom op that also
 returns the per-row statistics (``rms_norm_fwd`` → ``(y, rsigma)``), whose autograd formula
 saves them, so the backward reuses the forward's rsigma/mu as tex's norms do (and a weight of
@@ -120,6 +121,56 @@ def rms_norm(x: Tensor, weight: Tensor, eps: float = 1e-6, backend=None) -> Tens
 
 def layer_norm(x: Tensor, weight: Tensor, bias=None, eps: float = 1e-5, backend=None) -> Tensor:
     return OPS["layer_norm_fwd"](x, _cast(weight, x), _cast(bias, x), eps, backend)[0]
+
+
+# The fused residual add + norm: the forward is the fused kernel (through the facade); the
+# backward a composite: d(normed) through the norm's backward into s (statistics recomputed
+# from the saved s), plus d(s), is the gradient of both x and residual.
+
+@_op("add_rms_norm_fwd",
+     "(Tensor x, Tensor residual, Tensor weight, float eps, str? backend=None) -> (Tensor, Tensor)",
+     lambda x, residual, weight, eps, backend=None: (_like(x), _like(x)))
+def _add_rms_norm_fwd(x, residual, weight, eps, backend=None):
+    return K.forward("add_rms_norm", (x, residual, weight, eps), backend)
+
+
+@_op("add_layer_norm_fwd",
+     "(Tensor x, Tensor residual, Tensor weight, Tensor? bias, float eps, str? backend=None) -> (Tensor, Tensor)",
+     lambda x, residual, weight, bias, eps, backend=None: (_like(x), _like(x)))
+def _add_layer_norm_fwd(x, residual, weight, bias, eps, backend=None):
+    return K.forward("add_layer_norm", (x, residual, weight, bias, eps), backend)
+
+
+def _add_setup(ctx, inputs, output):
+    layer = len(inputs) == 6
+    ctx.layer, ctx.eps = layer, inputs[4 if layer else 3]
+    ctx.has_bias = layer and inputs[3] is not None
+    ctx.save_for_backward(inputs[2], output[1])
+    ctx.set_materialize_grads(False)
+
+
+def _add_backward(ctx, dy, ds):
+    weight, s = ctx.saved_tensors
+    dw = db = None
+    dx = ds
+    if dy is not None:
+        if ctx.layer:
+            mu, rs = K.ln_stats(s, ctx.eps)
+            dn, dw, db = OPS["layer_norm_bwd"](dy, s, mu, rs, weight)
+        else:
+            dn, dw = OPS["rms_norm_bwd"](dy, s, K.rms_stats(s, ctx.eps), weight)
+        dx = dn if ds is None else dn + ds
+    if ctx.layer:
+        return dx, dx, dw, (db if ctx.has_bias else None), None, None
+    return dx, dx, dw, None, None
+
+
+def add_rms_norm(x: Tensor, residual: Tensor, weight: Tensor, eps: float = 1e-6, backend=None):
+    return OPS["add_rms_norm_fwd"](x, _cast(residual, x), _cast(weight, x), eps, backend)
+
+
+def add_layer_norm(x: Tensor, residual: Tensor, weight: Tensor, bias=None, eps: float = 1e-5, backend=None):
+    return OPS["add_layer_norm_fwd"](x, _cast(residual, x), _cast(weight, x), _cast(bias, x), eps, backend)
 
 
 # ----------------------------------------------------------------- softmax
@@ -323,6 +374,8 @@ def _mm_backward(ctx, dy):
 
 OPS["rms_norm_fwd"].register_autograd(_rms_backward, setup_context=_rms_setup)
 OPS["layer_norm_fwd"].register_autograd(_ln_backward, setup_context=_ln_setup)
+OPS["add_rms_norm_fwd"].register_autograd(_add_backward, setup_context=_add_setup)
+OPS["add_layer_norm_fwd"].register_autograd(_add_backward, setup_context=_add_setup)
 OPS["softmax"].register_autograd(_softmax_backward, setup_context=_softmax_setup)
 OPS["silu"].register_autograd(_unary_backward("silu"), setup_context=_save_x)
 OPS["relu"].register_autograd(_unary_backward("relu"), setup_context=_save_x)
@@ -338,11 +391,18 @@ _LIB.define("rms_norm(Tensor x, Tensor weight, float eps=1e-06, str? backend=Non
 _LIB.impl("rms_norm", rms_norm, "CompositeImplicitAutograd")
 _LIB.define("layer_norm(Tensor x, Tensor weight, Tensor? bias=None, float eps=1e-05, str? backend=None) -> Tensor")
 _LIB.impl("layer_norm", layer_norm, "CompositeImplicitAutograd")
+_LIB.define("add_rms_norm(Tensor x, Tensor residual, Tensor weight, float eps=1e-06, str? backend=None) "
+            "-> (Tensor, Tensor)")
+_LIB.impl("add_rms_norm", add_rms_norm, "CompositeImplicitAutograd")
+_LIB.define("add_layer_norm(Tensor x, Tensor residual, Tensor weight, Tensor? bias=None, float eps=1e-05, "
+            "str? backend=None) -> (Tensor, Tensor)")
+_LIB.impl("add_layer_norm", add_layer_norm, "CompositeImplicitAutograd")
 
 #: the facade ops, by name, as torch ops (what the facade calls for autograd); the names come
 #: from the op definitions, so a facade op without its torch op fails here, at registration
 FACADE = {name: getattr(torch.ops.tensor_ops, name) for name in FACADE_OPS}
 _SCALARS = {"rms_norm": (None, None, float), "layer_norm": (None, None, None, float), "softmax": (None, int),
+            "add_rms_norm": (None, None, None, float), "add_layer_norm": (None, None, None, None, float),
             "gelu": (None, str), "geglu": (None, str), "rope": (None, None, None, bool)}
 
 

@@ -26,7 +26,8 @@ import numpy as np
 from .._contract import Backend, Unavailable, ops_from
 from . import arrays, module, ops, settings, state  # noqa: F401 - the package's parts
 from .module import FATBIN_PATH, FATBIN_RECORD, NVRTC_OPTIONS, fatbin_record, nvrtc_source, source_dir  # noqa: F401
-from .ops import geglu, gelu, layer_norm, relu, rms_norm, rope, silu, softmax, swiglu  # noqa: F401
+from .ops import (add_layer_norm, add_rms_norm, geglu, gelu, layer_norm, relu, rms_norm, rope, silu,  # noqa: F401
+                  softmax, swiglu)
 
 NAME = "cuda"
 CUPY_MISSING = arrays.CUPY_MISSING

@@ -175,14 +175,20 @@ def _via_device(op, x, others, names, body, backend):
     with guard(op, backend):
         dx = cupy.asarray(x)
         dothers = [cupy.asarray(a) if isinstance(a, np.ndarray) else a for a in others]
-        out = dothers[-1] if names and names[-1] == "out" else None
         call = Call(op, dx, *dothers, names=names)
         res = body(call, dx, *dothers)
-        host = res.get()
-        if out is not None and others[-1] is not None:
-            np.copyto(others[-1], host)
-            return others[-1]
-        return host
+        # the outputs: "out" last, or ("out", "residual_out") last for the fused add + norm
+        outs = [others[i] for i, nm in enumerate(names) if nm in ("out", "residual_out")]
+        results = res if type(res) is tuple else (res,)
+        hosts = []
+        for k, r in enumerate(results):
+            given = outs[k] if k < len(outs) else None
+            if given is not None:
+                np.copyto(given, r.get())
+                hosts.append(given)
+            else:
+                hosts.append(r.get())
+        return tuple(hosts) if type(res) is tuple else hosts[0]
 
 
 # ----------------------------------------------------------------------------- launch shapes

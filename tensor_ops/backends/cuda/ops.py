@@ -18,8 +18,8 @@ from .arrays import (ITEMSIZE, VEC_BYTES, aligned, dtype_name, flat_launch, kind
 #: storage suffix of each dtype the kernels take (``to_<kernel>_<suffix>``)
 SUFFIX = {"float32": "f32", "float16": "f16", "bfloat16": "bf16"}
 #: the kernels this module launches (``_build/cuda_build.KERNEL_OPS`` builds and checks them)
-KERNEL_NAMES = ("rms_norm", "layer_norm", "softmax", "silu", "relu", "gelu", "gelu_tanh",
-                "swiglu", "geglu", "geglu_tanh", "rope")
+KERNEL_NAMES = ("rms_norm", "layer_norm", "add_rms_norm", "add_layer_norm", "softmax", "silu", "relu", "gelu",
+                "gelu_tanh", "swiglu", "geglu", "geglu_tanh", "rope")
 
 
 def _launch(c, kname: str, grid, block, args) -> None:
@@ -56,6 +56,34 @@ def layer_norm(x, weight, bias, eps, out=None):
                                                np.int64(rows), np.int32(n), np.float32(eps), np.int32(vec)))
         return y
     return run("layer_norm", x, (weight, bias, out), ("weight", "bias", "out"), body)
+
+
+def _add_norm(op, x, residual, weight, bias, eps, out, residual_out):
+    """The fused add + norm kernels: (normed, s) with s = x + residual; out may be x and
+    residual_out may be residual (the in-place form: the kernels read each element of x and
+    residual before writing it)."""
+    layer = op == "add_layer_norm"
+
+    def body(c, x=x, residual=residual, weight=weight, bias=bias, out=out, residual_out=residual_out):
+        rows, n = x.shape
+        y = out if out is not None else c.empty(x, (rows, n))
+        s = residual_out if residual_out is not None else c.empty(x, (rows, n))
+        vec = _vec(c, n) and aligned(c.kind, x, residual, weight, bias, y, s)
+        grid, block = row_launch(rows, n, c.dev)
+        ws = (p(weight, c.kind), p(bias, c.kind)) if layer else (p(weight, c.kind),)
+        _launch(c, op, grid, block, (p(x, c.kind), p(residual, c.kind), *ws, p(y, c.kind), p(s, c.kind),
+                                     np.int64(rows), np.int32(n), np.float32(eps), np.int32(vec)))
+        return y, s
+    return run(op, x, (residual, weight, bias, out, residual_out),
+               ("residual", "weight", "bias", "out", "residual_out"), body)
+
+
+def add_rms_norm(x, residual, weight, eps, out=None, residual_out=None):
+    return _add_norm("add_rms_norm", x, residual, weight, None, eps, out, residual_out)
+
+
+def add_layer_norm(x, residual, weight, bias, eps, out=None, residual_out=None):
+    return _add_norm("add_layer_norm", x, residual, weight, bias, eps, out, residual_out)
 
 
 def softmax(x, out=None):

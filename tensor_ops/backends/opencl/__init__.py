@@ -28,7 +28,8 @@ from . import device, launch, ops, programs, settings, state  # noqa: F401 - the
 
 # the op functions under the op names (the name rule) and the helpers build_opencl and tests use
 from .device import all_devices, select_device  # noqa: F401
-from .ops import geglu, gelu, layer_norm, relu, rms_norm, rope, silu, softmax, swiglu  # noqa: F401
+from .ops import (add_layer_norm, add_rms_norm, geglu, gelu, layer_norm, relu, rms_norm, rope, silu,  # noqa: F401
+                  softmax, swiglu)
 from .programs import (FAMILIES, build_options, cache_dir, cache_path, load_program, local_size,  # noqa: F401
                        program_source, source_dir, source_hash)
 

@@ -74,7 +74,8 @@ def row_grid2(st: Device, ncols: int, n: int, rows: int):
 # ----------------------------------------------------------------------------- launching
 def launch(st: Device, kname: str, dtype, arrays, out, out_shape, scalars, gsize, vec_ok=True):
     """Run kernel ``kname`` on ``st``. ``arrays`` are the inputs (host or pyopencl arrays;
-    None = an absent optional input), ``out`` the output (None = allocate). ``vec_ok``:
+    None = an absent optional input), ``out`` the output (None = allocate; a tuple of
+    outputs, each maybe None, for a kernel with several: a tuple comes back). ``vec_ok``:
     every row start is a multiple of 4 elements, so aligned bases allow the float4-pointer
     variant. NumPy in -> NumPy out, pyopencl.array in -> pyopencl.array out."""
     import pyopencl as cl
@@ -84,19 +85,21 @@ def launch(st: Device, kname: str, dtype, arrays, out, out_shape, scalars, gsize
             raise cl.RuntimeError("clEnqueueNDRangeKernel failed: DEVICE_NOT_AVAILABLE "
                                   "(injected device lost)")
         on_device = is_clarray(x)
-        if out is None:
-            if on_device:
-                import pyopencl.array as cla
-                out = cla.empty(x.queue or st.queue, out_shape, dtype)
-            else:
-                out = np.empty(out_shape, dtype=dtype)
+        outs = list(out) if type(out) is tuple else [out]
+        for k, o in enumerate(outs):
+            if o is None:
+                if on_device:
+                    import pyopencl.array as cla
+                    outs[k] = cla.empty(x.queue or st.queue, out_shape, dtype)
+                else:
+                    outs[k] = np.empty(out_shape, dtype=dtype)
         suffix = _SUFFIX[dtype]
-        if suffix == "_f32" and vec_ok and _aligned(out) and all(_aligned(a) for a in arrays):
-            suffix = "_f32n" if st.cpu and out.nbytes >= NT_MIN_BYTES else "_f32a"
+        if suffix == "_f32" and vec_ok and all(_aligned(a) for a in (*outs, *arrays)):
+            suffix = "_f32n" if st.cpu and outs[0].nbytes >= NT_MIN_BYTES else "_f32a"
         knl = st.kernel(kname, suffix)
-        if on_device:
-            return _launch_device(st, knl, arrays, out, scalars, gsize)
-        return _launch_host(st, knl, arrays, out, scalars, gsize)
+        run = _launch_device if on_device else _launch_host
+        res = run(st, knl, arrays, outs, scalars, gsize)
+        return tuple(res) if type(out) is tuple else res[0]
     except (ValueError, TypeError):
         raise
     except cl.MemoryError as exc:
@@ -106,7 +109,8 @@ def launch(st: Device, kname: str, dtype, arrays, out, out_shape, scalars, gsize
         raise cl_fail(kname, exc) from None
 
 
-def _launch_host(st: Device, knl, arrays, out, scalars, gsize):
+def _launch_host(st: Device, knl, arrays, outs, scalars, gsize):
+    """Host arrays; ``outs`` the (allocated) outputs, returned."""
     import pyopencl as cl
     mf = cl.mem_flags
     mode = state.host_mode or st.host_mode
@@ -114,17 +118,18 @@ def _launch_host(st: Device, knl, arrays, out, scalars, gsize):
     if mode == "hostptr":
         # CPU devices use the host memory in place: no copy in, one map (no copy) out.
         if state.fault() == "oom":
-            st.alloc(out.nbytes)
+            st.alloc(outs[0].nbytes)
         bufs = [cl.Buffer(st.ctx, mf.READ_ONLY | mf.USE_HOST_PTR, hostbuf=a)
                 if a is not None else None for a in arrays]
         bufs = [b if b is not None else bufs[0] for b in bufs]
-        obuf = cl.Buffer(st.ctx, mf.WRITE_ONLY | mf.USE_HOST_PTR, hostbuf=out)
+        obufs = [cl.Buffer(st.ctx, mf.WRITE_ONLY | mf.USE_HOST_PTR, hostbuf=o) for o in outs]
         with state.LOCK:
-            knl(q, gsize, (st.lws,) + (1,) * (len(gsize) - 1), *bufs, obuf, *scalars)
-        mapped, _ = cl.enqueue_map_buffer(q, obuf, cl.map_flags.READ, 0, out.shape, out.dtype,
-                                          is_blocking=True)
-        mapped.base.release()
-        return out
+            knl(q, gsize, (st.lws,) + (1,) * (len(gsize) - 1), *bufs, *obufs, *scalars)
+        for o, obuf in zip(outs, obufs):
+            mapped, _ = cl.enqueue_map_buffer(q, obuf, cl.map_flags.READ, 0, o.shape, o.dtype,
+                                              is_blocking=True)
+            mapped.base.release()
+        return outs
     # "copy": pooled device buffers, one write per input, one blocking read back.
     held, bufs = [], []
     try:
@@ -136,18 +141,21 @@ def _launch_host(st: Device, knl, arrays, out, scalars, gsize):
             held.append((b, a.nbytes))
             cl.enqueue_copy(q, b, a, is_blocking=False)
             bufs.append(b)
-        obuf = st.alloc(out.nbytes)
-        held.append((obuf, out.nbytes))
+        obufs = []
+        for o in outs:
+            obufs.append(st.alloc(o.nbytes))
+            held.append((obufs[-1], o.nbytes))
         with state.LOCK:
-            knl(q, gsize, (st.lws,) + (1,) * (len(gsize) - 1), *bufs, obuf, *scalars)
-        cl.enqueue_copy(q, out, obuf, is_blocking=True)
+            knl(q, gsize, (st.lws,) + (1,) * (len(gsize) - 1), *bufs, *obufs, *scalars)
+        for o, obuf in zip(outs, obufs):
+            cl.enqueue_copy(q, o, obuf, is_blocking=True)
     finally:
         for b, n in held:
             st.release(b, n)
-    return out
+    return outs
 
 
-def _launch_device(st: Device, knl, arrays, out, scalars, gsize):
+def _launch_device(st: Device, knl, arrays, outs, scalars, gsize):
     """pyopencl arrays: everything stays on the device; enqueued on the input's queue and
     not waited for (the result carries the event, as pyopencl's own kernels do)."""
     import pyopencl as cl
@@ -165,13 +173,16 @@ def _launch_device(st: Device, knl, arrays, out, scalars, gsize):
             a = a.copy(queue=q)
         waits.extend(a.events)
         bufs.append(a.base_data)
-    dst = out if not out.offset else cla.empty(q, out.shape, out.dtype)
-    waits.extend(dst.events)
+    dsts = [o if not o.offset else cla.empty(q, o.shape, o.dtype) for o in outs]
+    for d in dsts:
+        waits.extend(d.events)
     with state.LOCK:
-        evt = knl(q, gsize, (st.lws,) + (1,) * (len(gsize) - 1), *bufs, dst.base_data,
+        evt = knl(q, gsize, (st.lws,) + (1,) * (len(gsize) - 1), *bufs, *(d.base_data for d in dsts),
                   *scalars, wait_for=waits or None)
-    if dst is not out:
-        evt = cl.enqueue_copy(q, out.base_data, dst.base_data, dst_offset=out.offset,  # type: ignore[arg-type]
-                              byte_count=dst.nbytes, wait_for=[evt])
-    out.add_event(evt)
-    return out
+    for o, d in zip(outs, dsts):
+        e = evt
+        if d is not o:
+            e = cl.enqueue_copy(q, o.base_data, d.base_data, dst_offset=o.offset,  # type: ignore[arg-type]
+                                byte_count=d.nbytes, wait_for=[evt])
+        o.add_event(e)
+    return outs

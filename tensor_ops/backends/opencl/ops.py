@@ -23,6 +23,35 @@ def layer_norm(x, weight, bias, eps, out):
                   row_grid(st, rows), n % 4 == 0)
 
 
+def _add_norm(kname, x, residual, weights, out, residual_out, scalars):
+    """The fused add + norm kernels: two outputs. Host arrays are wrapped in place (USE_HOST_PTR)
+    on CPU devices, and two buffers over one host array are undefined in OpenCL: a host
+    output that is its input (the in-place form) is computed into a new array and copied."""
+    st = device_of(x)
+    rows, n = x.shape
+    host = type(x) is np.ndarray
+    given = (out, residual_out)
+    outs = tuple(None if host and o is not None and (np.may_share_memory(o, x) or np.may_share_memory(o, residual))
+                 else o for o in given)
+    res = launch(st, kname, x.dtype, [x, residual, *weights], outs, x.shape,
+                 [np.int32(n), *scalars, np.int32(rows)], row_grid(st, rows), n % 4 == 0)
+    if all(o is g for o, g in zip(outs, given)):
+        return res
+    for g, r in zip(given, res):
+        if g is not None and g is not r:
+            np.copyto(g, r)
+    return tuple(g if g is not None else r for g, r in zip(given, res))
+
+
+def add_rms_norm(x, residual, weight, eps, out, residual_out):
+    return _add_norm("add_rms_norm", x, residual, [weight], out, residual_out, [np.float32(eps)])
+
+
+def add_layer_norm(x, residual, weight, bias, eps, out, residual_out):
+    return _add_norm("add_layer_norm", x, residual, [weight, bias], out, residual_out,
+                     [np.float32(eps), np.int32(bias is not None)])
+
+
 def softmax(x, out):
     st = device_of(x)
     rows, n = x.shape
@@ -106,6 +135,13 @@ def supports_for(op: str):
     if op == "layer_norm":
         return lambda x, w, b, eps, out=None: (_ok(x) and _with(x, w) and (b is None or _with(x, b))
                                                and _same_kind(x, out))
+    if op == "add_rms_norm":
+        return lambda x, r, w, eps, out=None, ro=None: (_ok(x) and _with(x, r) and _with(x, w) and _same_kind(x, out)
+                                                         and _same_kind(x, ro))
+    if op == "add_layer_norm":
+        return lambda x, r, w, b, eps, out=None, ro=None: (_ok(x) and _with(x, r) and _with(x, w)
+                                                            and (b is None or _with(x, b)) and _same_kind(x, out)
+                                                            and _same_kind(x, ro))
     if op == "rope":
         return lambda x, c, s, il, out=None: (_ok(x) and _with(x, c, _F32) and _with(x, s, _F32)
                                               and _same_kind(x, out))

@@ -32,6 +32,8 @@ _I32, _I64, _F32 = np.int32, np.int64, np.float32
 KERNELS = {
     "rms_norm": ("norm", [None, None, None, _I32, _F32, _I32]),
     "layer_norm": ("norm", [None, None, None, None, _I32, _F32, _I32, _I32]),
+    "add_rms_norm": ("norm", [None, None, None, None, None, _I32, _F32, _I32]),
+    "add_layer_norm": ("norm", [None, None, None, None, None, None, _I32, _F32, _I32, _I32]),
     "softmax": ("softmax", [None, None, _I32, _I32]),
     **{k: ("activation", [None, None, _I64]) for k in ("silu", "relu", "gelu", "gelu_tanh")},
     **{k: ("activation", [None, None, _I32, _I32, _I32]) for k in ("swiglu", "geglu", "geglu_tanh")},
