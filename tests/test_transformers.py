@@ -73,7 +73,7 @@ def test_flags_choose_the_parts():
     m = tiny("llama")
     rep = to_hf.apply(m, rms_norm=False, rope=False, softmax=False)
     assert rep.replaced == {"rms_norm": [], "mlp": ["model.layers.0.mlp", "model.layers.1.mlp"], "rope": [],
-                            "softmax": []}
+                            "softmax": [], "add_rms_norm": ["model.layers.0", "model.layers.1"]}
     again = to_hf.apply(m)                     # the rest later; nothing is patched twice
     assert not again.replaced["mlp"] and len(again.replaced["rms_norm"]) == 5
 

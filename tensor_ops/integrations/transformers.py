@@ -46,7 +46,7 @@ from dataclasses import dataclass, field
 import torch
 
 from .. import nn as tnn
-from . import _hf_attention
+from . import _hf_attention, _hf_decoder
 from .. import torch as _tot
 
 log = logging.getLogger("tensor_ops")
@@ -61,7 +61,8 @@ class Patched:
     """What :func:`apply` did: module paths per part, skipped ones with the reason."""
 
     model_type: str = ""
-    replaced: dict = field(default_factory=lambda: {"rms_norm": [], "mlp": [], "rope": [], "softmax": []})
+    replaced: dict = field(default_factory=lambda: {"rms_norm": [], "mlp": [], "rope": [], "softmax": [],
+                                                    "add_rms_norm": []})
     skipped: dict = field(default_factory=dict)          # path -> why
     _undo: list = field(default_factory=list, repr=False)
 
@@ -82,12 +83,14 @@ class Patched:
 
 
 def apply(model, *, rms_norm: bool = True, mlp: bool = True, rope: bool = True, softmax: bool = True,
-          backend=None) -> Patched:
+          add_rms_norm: bool = True, backend=None) -> Patched:
     """Swap ``model``'s RMSNorms, gated MLP activation and RoPE for tensor_ops ones, in place.
 
     Args:
         model: a Hugging Face ``PreTrainedModel`` (or any ``nn.Module`` containing those parts).
         rms_norm, mlp, rope, softmax: which parts to swap (softmax: eager attention's).
+        add_rms_norm: fuse each decoder layer's residual add with the RMSNorm after it
+            (:mod:`._hf_decoder`; takes effect where the norm is a tensor_ops one).
         backend: a tensor_ops backend order for the new modules (None: the resolver's).
 
     Returns:
@@ -112,6 +115,13 @@ def apply(model, *, rms_norm: bool = True, mlp: bool = True, rope: bool = True, 
                   "mlp")
         elif (rope or softmax) and _patchable_attention(mod):
             _patch_attention(mod, path, rep, backend, rope, softmax)
+        elif add_rms_norm and _hf_decoder.is_decoder_layer(mod):
+            why = _hf_decoder.patch_layer(mod, _rewrap)
+            if why is None:
+                rep.replaced["add_rms_norm"].append(path)
+                rep._undo.append(lambda m=mod: vars(m).pop("forward", None))
+            else:
+                rep.skipped[path] = f"add_rms_norm: {why}"
     log.info("%s", rep)
     return rep
 
@@ -190,21 +200,30 @@ def _inner(fn):
 
 
 def _with_globals(fn, **new):
-    """A copy of function ``fn`` whose module globals are overridden by ``new`` (only there).
-    A decorated ``fn`` (``functools.wraps``, the wrapped function held in the wrapper's closure)
-    is copied at every level: the wrapper stays, around a copy of the inner function."""
+    """A copy of function ``fn`` whose module globals are overridden by ``new`` (only there);
+    a decorated ``fn`` keeps its decorators around a copy of the inner function."""
+    inner = _inner(fn)
+    g = dict(inner.__globals__)
+    g.update(new)
+    out = types.FunctionType(inner.__code__, g, inner.__name__, inner.__defaults__, inner.__closure__)
+    out.__kwdefaults__ = inner.__kwdefaults__
+    out.__qualname__ = inner.__qualname__
+    return _rewrap(fn, out)
+
+
+def _rewrap(fn, new_inner):
+    """``fn`` with the function under its decorators replaced by ``new_inner``: each wrapper made
+    with ``functools.wraps`` that holds the wrapped function in its closure is copied with that
+    cell pointing at the new one (the decorator's own arguments stay)."""
     inner = getattr(fn, "__wrapped__", None)
     cells = fn.__closure__ or ()
-    if inner is not None and any(_cell(c) is inner for c in cells):
-        new_inner = _with_globals(inner, **new)
-        closure = tuple(types.CellType(new_inner) if _cell(c) is inner else c for c in cells)
-        out = types.FunctionType(fn.__code__, fn.__globals__, fn.__name__, fn.__defaults__, closure)
-        out.__dict__.update(fn.__dict__)
-        out.__wrapped__ = new_inner
-    else:
-        g = dict(fn.__globals__)
-        g.update(new)
-        out = types.FunctionType(fn.__code__, g, fn.__name__, fn.__defaults__, fn.__closure__)
+    if inner is None or not any(_cell(c) is inner for c in cells):
+        return new_inner
+    below = _rewrap(inner, new_inner)
+    closure = tuple(types.CellType(below) if _cell(c) is inner else c for c in cells)
+    out = types.FunctionType(fn.__code__, fn.__globals__, fn.__name__, fn.__defaults__, closure)
+    out.__dict__.update(fn.__dict__)
+    out.__wrapped__ = below
     out.__kwdefaults__ = fn.__kwdefaults__
     out.__qualname__ = fn.__qualname__
     return out

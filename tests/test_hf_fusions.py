@@ -1,7 +1,9 @@
-"""Hugging Face eager attention with scale + causal mask + softmax + cast fused
-(``tensor_ops.integrations._hf_attention``, ``tensor_ops.torch.scaled_softmax``): taken exactly
-where HF's mask is causal or absent, and the model's outputs, gradients and KV-cache generation
-match the unpatched model; every other mask keeps HF's own arithmetic."""
+"""The fusions :func:`tensor_ops.integrations.transformers.apply` makes across HF modules:
+eager attention's scale + causal mask + softmax + cast as one op (``_hf_attention``,
+``tensor_ops.torch.scaled_softmax``; taken exactly where HF's mask is causal or absent) and each
+decoder layer's residual add + RMSNorm as ``add_rms_norm`` (``_hf_decoder``; by rewriting the
+layer's forward at exactly that statement sequence). Outputs, gradients and KV-cache
+generation match the unpatched model; what cannot be fused keeps HF's own arithmetic."""
 from __future__ import annotations
 
 import copy
@@ -13,8 +15,9 @@ transformers = pytest.importorskip("transformers", reason="transformers is not i
 
 import tensor_ops.torch as tot  # noqa: E402
 from tensor_ops.integrations import _hf_attention as hfa  # noqa: E402
+from tensor_ops.integrations import _hf_decoder as hfd  # noqa: E402
 from tensor_ops.integrations import transformers as to_hf  # noqa: E402
-from tests.test_transformers import _ids, tiny  # noqa: E402
+from tests.test_transformers import FAMILIES, _ids, tiny  # noqa: E402
 
 
 @pytest.fixture
@@ -134,3 +137,68 @@ def test_training_gradients_match(calls):
     assert calls
     for (n, p), (_, q) in zip(m.named_parameters(), ref_model.named_parameters()):
         torch.testing.assert_close(p.grad, q.grad, rtol=1e-4, atol=1e-6, msg=n)
+
+
+@pytest.fixture
+def fused_adds(monkeypatch):
+    """Counts the fused residual add + norm calls."""
+    seen = []
+    real = tot._call
+
+    def spy(name, *args, **kw):
+        if name == "add_rms_norm":
+            seen.append(tuple(args[0].shape))
+        return real(name, *args, **kw)
+    monkeypatch.setattr(tot, "_call", spy)
+    return seen
+
+
+@pytest.mark.parametrize("family", sorted(FAMILIES))
+def test_decoder_add_norm_is_fused_and_matches(family, fused_adds):
+    m = tiny(family)
+    ref_model = copy.deepcopy(m)
+    rep = to_hf.apply(m)
+    assert rep.replaced["add_rms_norm"] == ["model.layers.0", "model.layers.1"], rep
+    ids = _ids(9)
+    with torch.no_grad():
+        torch.testing.assert_close(m(ids).logits, ref_model(ids).logits, rtol=1e-5, atol=1e-5)
+    assert len(fused_adds) == 2, fused_adds                             # one per layer
+    rep.undo()
+    assert all("forward" not in vars(layer) for layer in m.model.layers)
+
+
+def test_decoder_fusion_trains_like_hf(fused_adds):
+    m = tiny("qwen3").train()
+    ref_model = copy.deepcopy(m)
+    to_hf.apply(m, rms_norm=True, mlp=False, rope=False, softmax=False)
+    ids = _ids(11)
+    for model in (m, ref_model):
+        model(ids, labels=ids).loss.backward()
+    assert len(fused_adds) == 2
+    for (n, p), (_, q) in zip(m.named_parameters(), ref_model.named_parameters()):
+        torch.testing.assert_close(p.grad, q.grad, rtol=1e-4, atol=1e-6, msg=n)
+
+
+def test_decoder_without_the_pattern_is_skipped_with_the_reason():
+    class OddDecoderLayer(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.mlp = torch.nn.Identity()
+            self.self_attn = torch.nn.Identity()
+            self.norm = torch.nn.LayerNorm(4)
+
+        def forward(self, hidden_states):
+            return self.norm(self.mlp(hidden_states) + hidden_states)      # post-norm: nothing to fuse
+
+    layer = torch.nn.Sequential(OddDecoderLayer())
+    rep = to_hf.apply(layer)
+    assert not rep.replaced["add_rms_norm"] and "no 'residual + hidden_states'" in rep.skipped["0"], rep
+    assert "forward" not in vars(layer[0])
+
+
+def test_add_norm_falls_back_for_other_norms():
+    h, r = torch.randn(2, 3, 8), torch.randn(2, 3, 8)
+    ln = torch.nn.LayerNorm(8)
+    y, s = hfd.add_norm(ln, h, r)
+    torch.testing.assert_close(s, r + h)
+    torch.testing.assert_close(y, ln(r + h))
