@@ -119,7 +119,7 @@ def apply(model, *, rms_norm: bool = True, mlp: bool = True, rope: bool = True, 
             why = _hf_decoder.patch_layer(mod, _rewrap)
             if why is None:
                 rep.replaced["add_rms_norm"].append(path)
-                rep._undo.append(lambda m=mod: vars(m).pop("forward", None))
+                rep._undo.append(lambda m=mod: m.__dict__.pop("forward", None))
             else:
                 rep.skipped[path] = f"add_rms_norm: {why}"
     log.info("%s", rep)
