@@ -21,6 +21,7 @@ import weakref
 import torch
 
 _LAST: dict = {"ref": None, "key": None, "kind": None}
+_REF: dict = {}
 _EXTRAS = ("softcap", "s_aux", "sinks")    # eager variants with more than scale + mask
 
 
@@ -42,12 +43,20 @@ def mask_kind(mask, sq: int, sk: int):
     ref = _LAST["ref"]
     if ref is not None and ref() is mask and _LAST["key"] == key:
         return _LAST["kind"]
-    keep = torch.ones(sq, sk, dtype=torch.bool, device=mask.device).tril(sk - sq)
-    expected = torch.zeros(sq, sk, dtype=mask.dtype, device=mask.device).masked_fill_(~keep,
-                                                                                       torch.finfo(mask.dtype).min)
-    kind = "causal" if torch.equal(mask, expected.expand_as(mask)) else None
+    kind = "causal" if torch.equal(mask, _causal(sq, sk, mask.dtype, mask.device).expand_as(mask)) else None
     _LAST.update(ref=weakref.ref(mask), key=key, kind=kind)
     return kind
+
+
+def _causal(sq: int, sk: int, dtype, device):
+    """HF's eager causal mask (sq, sk): 0 where ``j <= i + sk - sq``, ``finfo.min`` elsewhere;
+    the last one made is kept (decoding asks for a new sk every step, prefill for the same)."""
+    key = (sq, sk, dtype, str(device))
+    if _REF.get("key") != key:
+        keep = torch.ones(sq, sk, dtype=torch.bool, device=device).tril(sk - sq)
+        _REF.update(key=key, mask=torch.zeros(sq, sk, dtype=dtype, device=device).masked_fill_(
+            ~keep, torch.finfo(dtype).min))
+    return _REF["mask"]
 
 
 def fused_eager(original):
