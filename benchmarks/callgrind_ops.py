@@ -3,10 +3,11 @@
 Timings on a shared 2-core VM are noisy; instruction counts are not. Two counters:
 
 * ``callgrind``: ``valgrind --tool=callgrind`` runs the workload twice (``--reps`` 1 and
-  3 calls per case), and each kernel function's inclusive Ir (``callgrind_annotate
-  --inclusive=yes``) is differenced and divided by the elements of the extra calls, so
-  import, first-call and Python costs drop out. Valgrind has no AVX-512: its CPUID hides it,
-  so the import picks the **AVX2** variant and these are AVX2 counts.
+  3 calls per case, after a warm-up call), and each kernel function's inclusive Ir
+  (``callgrind_annotate --auto=no --inclusive=yes``) is differenced and divided by the
+  elements of the extra calls, so import, first-call and Python costs drop out. Valgrind
+  (3.19) has no AVX-512: its CPUID hides it, so the import picks the **AVX2** variant and
+  these are AVX2 counts. Slow: ~5-15 minutes per valgrind run on a loaded 2-core VM.
 * ``step``: the same workload under ``ptrace`` single-stepping (Linux x86-64, no valgrind),
   so it counts whatever variant the CPU runs, **AVX-512** included. The child stops itself
   (SIGSTOP) right before and after one call of the op with ``out=``; the parent counts the
@@ -14,10 +15,13 @@ Timings on a shared 2-core VM are noisy; instruction counts are not. Two counter
   entry), at ``--rows`` and at half as many rows, and divides the difference by the
   elements: the entry's fixed cost cancels, the kernel's per-row work stays in.
   ``TENSOR_OPS_MAX_ISA=avx2`` there must agree with ``callgrind`` (the cross-check).
+  Deterministic (relu fp32: 0.281, its 9-instruction loop per 32 elements, on every run);
+  ~10 us per step, so 1-3 minutes per op.
 
 Both run one thread (``OMP_NUM_THREADS=1``) on the benchmark's own cases
 (``tensor_ops._bench_cases.bench_case``: (rows, 4096), rope (32, rows, 128) with (rows, 128)
-float32 tables) and force the streaming-store path (``_set_tuning(nontemporal_threshold_bytes
+float32 tables), ``out`` 16 bytes past a 64-byte boundary (``--out-offset``), and force the
+streaming-store path (``_set_tuning(nontemporal_threshold_bytes
 =0)``), which the kernels take at the memory-bound sizes (8192x4096).
 
     PYTHONPATH=. python benchmarks/callgrind_ops.py callgrind            # AVX2, 256x4096
@@ -25,7 +29,7 @@ float32 tables) and force the streaming-store path (``_set_tuning(nontemporal_th
     PYTHONPATH=. TENSOR_OPS_MAX_ISA=avx2 python benchmarks/callgrind_ops.py step
     PYTHONPATH=. python benchmarks/callgrind_ops.py run --reps 1         # the workload alone
     PYTHONPATH=. python benchmarks/callgrind_ops.py ceiling --reps 21    # stream_copy GB/s
-    PYTHONPATH=. python benchmarks/callgrind_ops.py incache --reps 31    # ns/element in L2, 1 thread
+    PYTHONPATH=. python benchmarks/callgrind_ops.py incache --reps 11    # ns/element in L2, 1 thread
 """
 
 from __future__ import annotations
