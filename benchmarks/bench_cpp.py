@@ -26,7 +26,10 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-OPS = ("rms_norm", "layer_norm", "softmax", "silu", "relu", "gelu", "gelu_tanh", "swiglu", "geglu", "rope")
+from tensor_ops._bench import BENCH_OPS  # noqa: E402  (the engine's op list: one definition)
+
+#: the engine's memory-bound ops (matmul has its own preset) plus tanh-GELU, a variant of gelu
+OPS = tuple(o for o in BENCH_OPS if o != "matmul") + ("gelu_tanh",)
 EPS = 1e-6
 
 
