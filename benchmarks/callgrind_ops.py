@@ -109,7 +109,7 @@ def run(args) -> None:
 
 
 def _env() -> dict:
-    return dict(os.environ, OMP_NUM_THREADS="1", TENSOR_OPS_NUM_THREADS="1", PYTHONHASHSEED="0")
+    return dict(os.environ, OMP_NUM_THREADS="1", PYTHONHASHSEED="0")
 
 
 def _kernel_ir(annotate_out: str, op: str, dtype: str) -> int:
