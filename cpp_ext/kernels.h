@@ -29,8 +29,9 @@ struct AdamParams {
     float lr, beta1, beta2, eps, bc1, bc2, weight_decay;
     int mode;  // 0: L2 (g += wd*p), 1: AdamW (decoupled)
     // derived in double by the binding, rounded once (as torch.optim's scalars are):
-    // lr / bc1, sqrt(bc2), 1 - lr*weight_decay
-    float step_size, bc2_sqrt, decay;
+    // lr / bc1, sqrt(bc2), 1 - lr*weight_decay, 1 - beta1, 1 - beta2 (from the caller's double betas:
+    // 1.0f - 0.999f is 1.3e-5 off 0.001, which biased v every step)
+    float step_size, bc2_sqrt, decay, one_m_beta1, one_m_beta2;
 };
 
 struct KernelTable {
