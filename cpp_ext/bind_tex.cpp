@@ -41,6 +41,7 @@ py::tuple norm_bwd(bool layer, const py::object& dz_, const py::object& x_, cons
     const int64_t bytes = 3 * x.size * es;
     const int nth = rows ? threads_for(bytes, rows) : 1;
     const int nacc = layer ? 2 : 1;
+    const bool nt = use_nt(x.size * es);
     std::unique_ptr<float[]> acc(new float[(size_t)nth * nacc * (size_t)n + 1]);
     {
         py::gil_scoped_release nogil;
@@ -52,10 +53,10 @@ py::tuple norm_bwd(bool layer, const py::object& dz_, const py::object& x_, cons
                 float* dga = A + (size_t)t * nacc * n;
                 if (layer)
                     g_k->layer_norm_bwd[x.dt](dz.data + b * n * es, x.data + b * n * es, mu + b, rsp + b, g.data,
-                                              dx.data + b * n * es, dga, dga + n, e - b, n, zc);
+                                              dx.data + b * n * es, dga, dga + n, e - b, n, zc, nt);
                 else
                     g_k->rms_norm_bwd[x.dt](dz.data + b * n * es, x.data + b * n * es, rsp + b, g.data,
-                                            dx.data + b * n * es, dga, e - b, n, zc);
+                                            dx.data + b * n * es, dga, e - b, n, zc, nt);
             });
         }
         for (int t = 1; t < nth; ++t)

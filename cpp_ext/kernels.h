@@ -60,12 +60,13 @@ struct KernelTable {
     // cos/sin float32 (T, n); row r of this chunk uses position (row0 + r) % T.
     void (*rope[DT_COUNT])(const void* x, const float* cos, const float* sin, void* y, int64_t rows,
                            int64_t n, int64_t T, int64_t row0, bool interleaved, bool nt);
-    // dx written; dg_acc (and db_acc) are fp32 [n] accumulators the rows are added into.
+    // dx written (streaming stores with nt); dg_acc (and db_acc) are fp32 [n] accumulators the
+    // rows are added into.
     void (*rms_norm_bwd[DT_COUNT])(const void* dz, const void* x, const float* rsigma, const void* g,
-                                   void* dx, float* dg_acc, int64_t rows, int64_t n, bool zc);
+                                   void* dx, float* dg_acc, int64_t rows, int64_t n, bool zc, bool nt);
     void (*layer_norm_bwd[DT_COUNT])(const void* dz, const void* x, const float* mu, const float* rsigma,
                                      const void* g, void* dx, float* dg_acc, float* db_acc,
-                                     int64_t rows, int64_t n, bool zc);
+                                     int64_t rows, int64_t n, bool zc, bool nt);
     // [grad dtype][param dtype]; m, v (and master when non-null) are fp32.
     void (*adam[DT_COUNT][DT_COUNT])(const void* g, void* p, float* m, float* v, float* master,
                                      int64_t n, const AdamParams* a);
