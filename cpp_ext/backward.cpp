@@ -5,6 +5,9 @@
 //   the gate and up projections in two arrays (act(gate) * up), the facade's swiglu/geglu
 //   keep them as the halves [a | b] of one row: both are "a, b with row strides", so one
 //   kernel serves the two layouts (forward and backward) and both GELU forms.
+// * gated_bwd_k is the one definition of the gated derivative (da = g*b*act'(a),
+//   db = g*act(a)): glu2_bwd is it, and so is tex's dglu (TE's dswiglu/dgeglu/dreglu/
+//   dqgeglu/dsreglu/dglu on [a | b] rows, the table's dglu entries, filled here).
 // * gelu_erf_bwd: the exact (erf) GELU derivative (TransformerEngine has only the tanh form).
 //
 // The derivatives of silu, tanh-GELU and relu on one operand and the softmax backward come
@@ -23,36 +26,60 @@ constexpr float SQRT_HALF = 0.70710678118654752f;
 constexpr float INV_SQRT_2PI = 0.39894228040143268f;  // 1/sqrt(2 pi): the normal density at 0
 constexpr float GELU_K0 = 0.79788456080286536f;       // sqrt(2/pi)
 constexpr float GELU_K1 = 0.044715f;
+constexpr float LOG2E = 1.44269504088896341f;
+constexpr float QGELU_K = 1.702f;  // TE's quick-GELU: x * sigmoid(1.702 x)
 
-template <int G>
+// The gated kernels' activations: tex's DAct codes, and the exact (erf) GELU beside them.
+constexpr int A_GELU_ERF = DA_COUNT;
+constexpr int GLU_ACT[GLU_COUNT] = {DA_SILU, A_GELU_ERF, DA_GELU_TANH};  // by Glu code
+
+template <int A>
 inline V act_f(V x) {
-    if (G == GLU_SWIGLU) return vsilu(x);
-    if (G == GLU_GEGLU_ERF) return vgelu_erf(x);
+    if (A == DA_SILU) return vsilu(x);
+    if (A == A_GELU_ERF) return vgelu_erf(x);
     return vgelu_tanh(x);
 }
 
-// f = act(x) and df = act'(x) from one exponential.
+// f = act(x) and df = act'(x), from one exponential where there is one.
 //   silu:       s = sigmoid(x), f = x s, f' = s + x s (1 - s)
 //   GELU (erf): f = x Phi(x), f' = Phi(x) + x phi(x), phi(x) = e^(-x^2/2) / sqrt(2 pi)
 //   GELU (tanh): s = 1/(1 + e^(-2u)) = (1 + tanh u)/2, f = x s, f' = s + 2 x s (1 - s) u'(x)
-template <int G>
+//   quick-GELU: s = sigmoid(1.702 x), f = x s, f' = s + 1.702 x s (1 - s)
+//   relu: f = max(0, x), f' = [x > 0];  squared relu: f = max(0, x)^2, f' = 2 max(0, x)
+//   sigmoid (TE's "glu"): f = s, f' = s (1 - s)
+template <int A>
 inline void act_df(V x, V& f, V& df) {
     const V one = vset(1.0f);
-    if (G == GLU_SWIGLU) {
+    if (A == DA_SILU) {
         const V s = one / (one + vexp_neg_fast(x));
         f = x * s;
         df = vfma(f, one - s, s);
-    } else if (G == GLU_GEGLU_ERF) {
+    } else if (A == A_GELU_ERF) {
         const V phi = vset(0.5f) * (one + verf(x * vset(SQRT_HALF)));
         f = x * phi;
         df = vfma(x, vset(INV_SQRT_2PI) * vexp(vset(-0.5f) * x * x), phi);
-    } else {
+    } else if (A == DA_GELU_TANH) {
         const V x2 = x * x;
         const V v = vgelu_tanh_arg(x, x2);
         const V s = one / (one + vexp2_fast(v));
         f = x * s;
         const V du = vset(GELU_K0) * vfma(vset(3.0f * GELU_K1), x2, one);
         df = vfma(vset(2.0f) * f * (one - s), du, s);
+    } else if (A == DA_QGELU) {
+        const V s = one / (one + vexp2_fast(x * vset(-LOG2E * QGELU_K)));
+        f = x * s;
+        df = vfma(vset(QGELU_K) * f, one - s, s);
+    } else if (A == DA_RELU) {
+        f = vmax(vset(0.0f), x);
+        df = vsel(vlt(vset(0.0f), x), one, vset(0.0f));
+    } else if (A == DA_SRELU) {
+        const V r = vmax(vset(0.0f), x);  // NaN in x stays NaN
+        f = r * r;
+        df = vset(2.0f) * r;
+    } else {  // DA_SIGMOID
+        const V s = one / (one + vexp_neg_fast(x));
+        f = s;
+        df = s * (one - s);
     }
 }
 
@@ -61,7 +88,7 @@ inline bool stream_aligned(const T* p) {
     return ((uintptr_t)p % ((uintptr_t)W * sizeof(T))) == 0;
 }
 
-template <class T, int G>
+template <class T, int ACT>
 void glu2_k(const void* av, const void* bv, void* yv, int64_t rows, int64_t h, int64_t sa, int64_t sb, int64_t sy,
             bool nt) {
     const T* A = (const T*)av;
@@ -71,14 +98,15 @@ void glu2_k(const void* av, const void* bv, void* yv, int64_t rows, int64_t h, i
         const T* a = A + r * sa;
         const T* b = B + r * sb;
         write_row(
-            Y + r * sy, h, nt, [&](int64_t i) { return act_f<G>(vload(a + i)) * vload(b + i); },
-            [&](int64_t i, int64_t k) { return act_f<G>(vload_part(a + i, k, 0.f)) * vload_part(b + i, k, 0.f); });
+            Y + r * sy, h, nt, [&](int64_t i) { return act_f<ACT>(vload(a + i)) * vload(b + i); },
+            [&](int64_t i, int64_t k) { return act_f<ACT>(vload_part(a + i, k, 0.f)) * vload_part(b + i, k, 0.f); });
     }
     if (nt) stream_fence();
 }
 
-template <class T, int G>
-void glu2_bwd_k(const void* dyv, const void* av, const void* bv, void* dav, void* dbv, int64_t rows, int64_t h,
+// The gated derivative, row-strided (strides in elements): da = dy * b * act'(a), db = dy * act(a).
+template <class T, int ACT>
+void gated_bwd_k(const void* dyv, const void* av, const void* bv, void* dav, void* dbv, int64_t rows, int64_t h,
                 int64_t sdy, int64_t sa, int64_t sb, int64_t sda, int64_t sdb, bool nt) {
     const T* DY = (const T*)dyv;
     const T* A = (const T*)av;
@@ -97,7 +125,7 @@ void glu2_bwd_k(const void* dyv, const void* av, const void* bv, void* dav, void
         int64_t i = 0;
         for (; i + W <= h; i += W) {
             V f, df;
-            act_df<G>(vload(a + i), f, df);
+            act_df<ACT>(vload(a + i), f, df);
             const V vg = vload(g + i);
             const V vda = vg * vload(b + i) * df, vdb = vg * f;
             if (st_nt) {
@@ -111,7 +139,7 @@ void glu2_bwd_k(const void* dyv, const void* av, const void* bv, void* dav, void
         if (i < h) {
             const int64_t k = h - i;
             V f, df;
-            act_df<G>(vload_part(a + i, k, 0.f), f, df);
+            act_df<ACT>(vload_part(a + i, k, 0.f), f, df);
             const V vg = vload_part(g + i, k, 0.f);
             vstore_part(da + i, vg * vload_part(b + i, k, 0.f) * df, k);
             vstore_part(db + i, vg * f, k);
@@ -126,7 +154,7 @@ void gelu_erf_bwd_k(const void* dyv, const void* xv, void* dxv, int64_t count, b
     const T* x = (const T*)xv;
     auto d = [](V v, V vg) {
         V f, df;
-        act_df<GLU_GEGLU_ERF>(v, f, df);
+        act_df<A_GELU_ERF>(v, f, df);
         return vg * df;
     };
     write_row(
@@ -135,14 +163,29 @@ void gelu_erf_bwd_k(const void* dyv, const void* xv, void* dxv, int64_t count, b
     if (nt) stream_fence();
 }
 
+// tex's dglu: x rows [a | b] (2h), grad rows (h) -> y rows [da | db] (2h): gated_bwd_k on the halves.
+template <class T, int ACT>
+void dglu_halves_k(const void* gv, const void* xv, void* yv, int64_t rows, int64_t h, bool nt) {
+    const char* x = (const char*)xv;
+    char* y = (char*)yv;
+    const int64_t half = h * (int64_t)sizeof(T);
+    gated_bwd_k<T, ACT>(gv, x, x + half, y, y + half, rows, h, h, 2 * h, 2 * h, 2 * h, 2 * h, nt);
+}
+
 template <class T>
 void fill_t(KernelTable& t, int dt) {
-    t.glu2[dt][GLU_SWIGLU] = glu2_k<T, GLU_SWIGLU>;
-    t.glu2[dt][GLU_GEGLU_ERF] = glu2_k<T, GLU_GEGLU_ERF>;
-    t.glu2[dt][GLU_GEGLU_TANH] = glu2_k<T, GLU_GEGLU_TANH>;
-    t.glu2_bwd[dt][GLU_SWIGLU] = glu2_bwd_k<T, GLU_SWIGLU>;
-    t.glu2_bwd[dt][GLU_GEGLU_ERF] = glu2_bwd_k<T, GLU_GEGLU_ERF>;
-    t.glu2_bwd[dt][GLU_GEGLU_TANH] = glu2_bwd_k<T, GLU_GEGLU_TANH>;
+    t.glu2[dt][GLU_SWIGLU] = glu2_k<T, GLU_ACT[GLU_SWIGLU]>;
+    t.glu2[dt][GLU_GEGLU_ERF] = glu2_k<T, GLU_ACT[GLU_GEGLU_ERF]>;
+    t.glu2[dt][GLU_GEGLU_TANH] = glu2_k<T, GLU_ACT[GLU_GEGLU_TANH]>;
+    t.glu2_bwd[dt][GLU_SWIGLU] = gated_bwd_k<T, GLU_ACT[GLU_SWIGLU]>;
+    t.glu2_bwd[dt][GLU_GEGLU_ERF] = gated_bwd_k<T, GLU_ACT[GLU_GEGLU_ERF]>;
+    t.glu2_bwd[dt][GLU_GEGLU_TANH] = gated_bwd_k<T, GLU_ACT[GLU_GEGLU_TANH]>;
+    t.dglu[dt][DA_GELU_TANH] = dglu_halves_k<T, DA_GELU_TANH>;
+    t.dglu[dt][DA_SILU] = dglu_halves_k<T, DA_SILU>;
+    t.dglu[dt][DA_QGELU] = dglu_halves_k<T, DA_QGELU>;
+    t.dglu[dt][DA_RELU] = dglu_halves_k<T, DA_RELU>;
+    t.dglu[dt][DA_SRELU] = dglu_halves_k<T, DA_SRELU>;
+    t.dglu[dt][DA_SIGMOID] = dglu_halves_k<T, DA_SIGMOID>;
     t.gelu_erf_bwd[dt] = gelu_erf_bwd_k<T>;
 }
 

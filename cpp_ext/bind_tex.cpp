@@ -41,6 +41,7 @@ py::tuple norm_bwd(bool layer, const py::object& dz_, const py::object& x_, cons
     const int64_t bytes = 3 * x.size * es;
     const int nth = rows ? threads_for(bytes, rows) : 1;
     const int nacc = layer ? 2 : 1;
+    const bool nt = use_nt(x.size * es);
     std::unique_ptr<float[]> acc(new float[(size_t)nth * nacc * (size_t)n + 1]);
     {
         py::gil_scoped_release nogil;
@@ -52,10 +53,10 @@ py::tuple norm_bwd(bool layer, const py::object& dz_, const py::object& x_, cons
                 float* dga = A + (size_t)t * nacc * n;
                 if (layer)
                     g_k->layer_norm_bwd[x.dt](dz.data + b * n * es, x.data + b * n * es, mu + b, rsp + b, g.data,
-                                              dx.data + b * n * es, dga, dga + n, e - b, n, zc);
+                                              dx.data + b * n * es, dga, dga + n, e - b, n, zc, nt);
                 else
                     g_k->rms_norm_bwd[x.dt](dz.data + b * n * es, x.data + b * n * es, rsp + b, g.data,
-                                            dx.data + b * n * es, dga, e - b, n, zc);
+                                            dx.data + b * n * es, dga, e - b, n, zc, nt);
             });
         }
         for (int t = 1; t < nth; ++t)
@@ -68,7 +69,7 @@ py::tuple norm_bwd(bool layer, const py::object& dz_, const py::object& x_, cons
 }
 
 void adam_step(const py::object& g_, const py::object& p_, const py::object& m_, const py::object& v_, double lr,
-               float beta1, float beta2, float eps, double bc1, double bc2, int mode, double wd,
+               double beta1, double beta2, float eps, double bc1, double bc2, int mode, double wd,
                const py::object& master_, const py::object& dtype) {
     const bool bf = parse_bf16(dtype);
     Arr g = get(g_, "g", bf), p = get(p_, "p", bf, -1, true), m = get_f32(m_, "m", true), v = get_f32(v_, "v", true);
@@ -85,8 +86,9 @@ void adam_step(const py::object& g_, const py::object& p_, const py::object& m_,
         master = (float*)ms.data;
     }  // without master, 16-bit p is read and written in its own precision (TE's FusedAdam, bf16 model)
     if (n == 0) return;
-    AdamParams a{(float)lr, beta1, beta2, eps, (float)bc1, (float)bc2, (float)wd, mode,
-                 (float)(lr / bc1), (float)std::sqrt(bc2), (float)(1.0 - lr * wd)};
+    AdamParams a{(float)lr, (float)beta1, (float)beta2, eps, (float)bc1, (float)bc2, (float)wd, mode,
+                 (float)(lr / bc1), (float)std::sqrt(bc2), (float)(1.0 - lr * wd), (float)(1.0 - beta1),
+                 (float)(1.0 - beta2)};
     auto k = g_k->adam[g.dt][p.dt];
     const int eg = ELSIZE[g.dt], ep = ELSIZE[p.dt];
     const int64_t bytes = n * (eg + ep + 16 + (master ? 8 : 0));

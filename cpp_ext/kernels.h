@@ -15,7 +15,7 @@ enum Dt : int { DT_F32 = 0, DT_F16 = 1, DT_BF16 = 2, DT_COUNT = 3 };
 enum Unary : int { UN_SILU = 0, UN_RELU = 1, UN_GELU_ERF = 2, UN_GELU_TANH = 3, UN_EXP = 4, UN_TANH = 5, UN_COUNT = 6 };
 enum Glu : int { GLU_SWIGLU = 0, GLU_GEGLU_ERF = 1, GLU_GEGLU_TANH = 2, GLU_COUNT = 3 };
 
-// The derivative kernels' activations (tex_train.cpp): plain ones and the gate of a GLU.
+// The derivative kernels' activations (tex_train.cpp, backward.cpp): plain ones and the gate of a GLU.
 enum DAct : int { DA_GELU_TANH = 0, DA_SILU = 1, DA_QGELU = 2, DA_RELU = 3, DA_SRELU = 4, DA_SIGMOID = 5, DA_COUNT = 6 };
 // TE's scaled softmax: plain, uint8 mask (masked logits -> -10000), causal (columns > limit excluded)
 enum SoftmaxMode : int { SM_PLAIN = 0, SM_MASK = 1, SM_CAUSAL = 2 };
@@ -29,8 +29,9 @@ struct AdamParams {
     float lr, beta1, beta2, eps, bc1, bc2, weight_decay;
     int mode;  // 0: L2 (g += wd*p), 1: AdamW (decoupled)
     // derived in double by the binding, rounded once (as torch.optim's scalars are):
-    // lr / bc1, sqrt(bc2), 1 - lr*weight_decay
-    float step_size, bc2_sqrt, decay;
+    // lr / bc1, sqrt(bc2), 1 - lr*weight_decay, 1 - beta1, 1 - beta2 (from the caller's double betas:
+    // 1.0f - 0.999f is 1.3e-5 off 0.001, which biased v every step)
+    float step_size, bc2_sqrt, decay, one_m_beta1, one_m_beta2;
 };
 
 struct KernelTable {
@@ -59,12 +60,13 @@ struct KernelTable {
     // cos/sin float32 (T, n); row r of this chunk uses position (row0 + r) % T.
     void (*rope[DT_COUNT])(const void* x, const float* cos, const float* sin, void* y, int64_t rows,
                            int64_t n, int64_t T, int64_t row0, bool interleaved, bool nt);
-    // dx written; dg_acc (and db_acc) are fp32 [n] accumulators the rows are added into.
+    // dx written (streaming stores with nt); dg_acc (and db_acc) are fp32 [n] accumulators the
+    // rows are added into.
     void (*rms_norm_bwd[DT_COUNT])(const void* dz, const void* x, const float* rsigma, const void* g,
-                                   void* dx, float* dg_acc, int64_t rows, int64_t n, bool zc);
+                                   void* dx, float* dg_acc, int64_t rows, int64_t n, bool zc, bool nt);
     void (*layer_norm_bwd[DT_COUNT])(const void* dz, const void* x, const float* mu, const float* rsigma,
                                      const void* g, void* dx, float* dg_acc, float* db_acc,
-                                     int64_t rows, int64_t n, bool zc);
+                                     int64_t rows, int64_t n, bool zc, bool nt);
     // [grad dtype][param dtype]; m, v (and master when non-null) are fp32.
     void (*adam[DT_COUNT][DT_COUNT])(const void* g, void* p, float* m, float* v, float* master,
                                      int64_t n, const AdamParams* a);
@@ -74,7 +76,8 @@ struct KernelTable {
     void (*from_f32[DT_COUNT])(const float* in, void* out, int64_t n);
     void (*to_f32[DT_COUNT])(const void* in, float* out, int64_t n);
     // tex training kernels (tex_train.cpp). dact: y = g*act'(x) over rows x n; acc (fp32 [n],
-    // may be null) gets the column sums of y added. dglu: x (rows, 2h), g (rows, h) -> y (rows, 2h).
+    // may be null) gets the column sums of y added. dglu: x (rows, 2h), g (rows, h) -> y (rows, 2h)
+    // (backward.cpp: glu2_bwd's kernel on the [a | b] halves).
     void (*dact[DT_COUNT][DA_COUNT])(const void* g, const void* x, void* y, int64_t rows, int64_t n, float* acc,
                                      bool nt);
     void (*dglu[DT_COUNT][DA_COUNT])(const void* g, const void* x, void* y, int64_t rows, int64_t h, bool nt);

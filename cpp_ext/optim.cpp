@@ -9,17 +9,27 @@ namespace {
 
 // One Adam step on a flat range (see TEX_API.md multi_tensor_adam). Math in fp32; with a
 // master copy the update runs on master and p receives cast(master).
+//
+// Every rounding is torch.optim.AdamW/Adam(foreach=True)'s on CPU, op by op (the same math as
+// TE's kernel, (m/bc1)/(sqrt(v/bc2)+eps), in torch's order), so that a model trained through
+// tex stays on torch's trajectory instead of drifting (tests/test_tex_training_parity.py
+// compares bit for bit):
+//   p *= 1 - lr*wd                        (AdamW; Adam/L2: g = fma(wd, p, g), torch's add(alpha))
+//   m = lerp(m, g, 1 - beta1)             torch's lerp: fma(w, g - m, m) for w < 0.5,
+//                                         fma(w - 1, g - m, g) otherwise
+//   v = v*beta2;  v = fma((1-beta2)*g, g, v) (mul_, then addcmul_: torch's kernel fuses its add)
+//   d = sqrt(v) / sqrt(bc2) + eps         (foreach sqrt, div_, add_)
+//   p = p + ((-lr/bc1) * m) / d           (addcdiv_: value*t1 first, then / t2)
+// with 1 - beta1, 1 - beta2, lr/bc1, sqrt(bc2), 1 - lr*wd from the caller's doubles, rounded
+// once, as torch's Python scalars are.
 template <class TG, class TP>
 void adam_k(const void* gv, void* pv, float* m, float* v, float* master, int64_t n, const AdamParams* a) {
     const TG* g = (const TG*)gv;
     TP* p = (TP*)pv;
-    const V b1 = vset(a->beta1), b2 = vset(a->beta2), ob1 = vset(1.0f - a->beta1), ob2 = vset(1.0f - a->beta2);
-    // The update in torch.optim's order (its AdamW/Adam foreach path): decay, moments,
-    // denom = sqrt(v)/sqrt(bc2) + eps, p -= (lr/bc1) * m/denom, with lr/bc1, sqrt(bc2) and
-    // 1 - lr*wd from double. The same math as TE's kernel ((m/bc1)/(sqrt(v/bc2)+eps)); this
-    // rounding order keeps a model trained with it within 1e-7 of torch.optim per step instead
-    // of drifting (a reciprocal 1/bc1 rounded in fp32 scales every update the same way).
-    const V step = vset(a->step_size), bc2s = vset(a->bc2_sqrt), eps = vset(a->eps);
+    const V b2 = vset(a->beta2), ob2 = vset(a->one_m_beta2);
+    const bool small = a->one_m_beta1 < 0.5f;
+    const V lw = vset(small ? a->one_m_beta1 : a->one_m_beta1 - 1.0f);
+    const V nstep = vset(-a->step_size), bc2s = vset(a->bc2_sqrt), eps = vset(a->eps);
     const V wd = vset(a->weight_decay), decay = vset(a->decay);
     const bool l2 = a->mode == 0;
     for (int64_t i = 0; i < n; i += W) {
@@ -28,10 +38,11 @@ void adam_k(const void* gv, void* pv, float* m, float* v, float* master, int64_t
         V G = ld(g + i, k);
         if (l2) G = vfma(wd, P, G);
         else P = P * decay;
-        V Mv = vfma(b1, ld(m + i, k), ob1 * G);
-        V Vv = vfma(b2, ld(v + i, k), ob2 * G * G);
-        V denom = vsqrt(Vv) / bc2s + eps;
-        P = vfnma(step, Mv / denom, P);
+        const V M0 = ld(m + i, k);
+        const V Mv = vfma(lw, G - M0, small ? M0 : G);
+        const V Vv = vfma(ob2 * G, G, ld(v + i, k) * b2);
+        const V denom = vsqrt(Vv) / bc2s + eps;
+        P = P + (nstep * Mv) / denom;
         st(m + i, Mv, k);
         st(v + i, Vv, k);
         if (master) st(master + i, P, k);

@@ -9,8 +9,11 @@
 #include "runtime.h"
 
 #include <cctype>
+#include <condition_variable>
 #include <cstdlib>
+#include <mutex>
 #include <stdexcept>
+#include <thread>
 
 #if defined(__unix__) || defined(__APPLE__)
 #include <pthread.h>
@@ -166,10 +169,8 @@ void read_cache_cap() {
 }  // namespace
 
 // ---------------------------------------------------------------------------- threads
-// libgomp cannot run a parallel region in a child forked after the parent ran one: the
-// child waits for the parent's pool threads, which fork did not copy (measured: a hang on
-// the child's first multi-threaded call, e.g. in multiprocessing's fork workers). So a
-// child forked after OpenMP was used runs every kernel on its calling thread, for good.
+// Threads do not survive fork: a child forked after the pool (or OpenMP) ran would wait for
+// threads it does not have. So such a child runs every kernel on its calling thread, for good.
 std::atomic<bool> g_omp_used{false};
 bool g_forked_after_omp = false;
 
@@ -182,7 +183,118 @@ void at_fork_child() {
     }
 }
 #endif
+
+inline void cpu_relax() {
+#ifdef TO_X86
+    __builtin_ia32_pause();
+#endif
+}
+
+// The pool behind run_parallel. One word says which call is current and what is left of it:
+// generation (32 bits) | threads allowed (8) | chunks (12) | next unclaimed chunk (12). A
+// thread claims a chunk by a compare-exchange on that word, so a claim can only succeed for
+// the current call (a pool thread that wakes late finds the generation moved on, or no chunk
+// left), and the task pointer is read only after a successful claim: the caller cannot have
+// returned (it waits for every claimed chunk to finish), so the task is still alive.
+constexpr int kNextBits = 12, kChunkBits = 12;
+constexpr int64_t kMaxChunks = (1 << kChunkBits) - 1;
+constexpr int kMaxThreads = 255;
+struct Pool {
+    std::atomic<uint64_t> state{0};
+    std::atomic<int64_t> done{0};  // chunks finished in the current call
+    std::atomic<const ParTask*> task{nullptr};
+    std::atomic<int> sleepers{0};
+    std::mutex mu;  // only for sleeping and waking
+    std::condition_variable cv;
+    std::mutex call;  // one call at a time; a concurrent (or nested) call runs on its own thread
+    std::mutex grow;
+    int started = 0;  // pool threads (indices 1..started)
+    uint32_t gen = 0;
+};
+Pool& pool() {
+    static Pool* p = new Pool;  // never destroyed: its threads are detached and outlive statics
+    return *p;
+}
+
+uint32_t gen_of(uint64_t s) { return (uint32_t)(s >> 32); }
+
+// Claims and runs chunks of the call `s` belongs to until none is left (or another call is current).
+void claim_chunks(Pool& P, uint64_t s, int t) {
+    const uint32_t g = gen_of(s);
+    for (;;) {
+        const int64_t chunks = (int64_t)((s >> kNextBits) & kMaxChunks), next = (int64_t)(s & kMaxChunks);
+        if (gen_of(s) != g || next >= chunks) return;
+        if (P.state.compare_exchange_weak(s, s + 1, std::memory_order_acq_rel, std::memory_order_acquire)) {
+            const ParTask* tk = P.task.load(std::memory_order_acquire);
+            const int64_t b = tk->units * next / chunks, e = tk->units * (next + 1) / chunks;
+            if (b < e) tk->fn(tk->ctx, b, e, t);
+            P.done.fetch_add(1, std::memory_order_acq_rel);
+            s = P.state.load(std::memory_order_acquire);
+        }
+    }
+}
+
+void pool_thread(int idx) {
+    Pool& P = pool();
+    uint32_t seen = gen_of(P.state.load(std::memory_order_acquire));
+    for (;;) {
+        uint64_t s = P.state.load(std::memory_order_acquire);
+        for (int spin = 0; gen_of(s) == seen; s = P.state.load(std::memory_order_acquire)) {
+            if (++spin < 2000) {  // a short spin (~50 us) catches back-to-back calls
+                cpu_relax();
+                continue;
+            }
+            std::unique_lock<std::mutex> lk(P.mu);
+            P.sleepers.fetch_add(1, std::memory_order_seq_cst);
+            P.cv.wait(lk, [&] { return gen_of(P.state.load(std::memory_order_seq_cst)) != seen; });
+            P.sleepers.fetch_sub(1, std::memory_order_seq_cst);
+            spin = 0;
+        }
+        seen = gen_of(s);
+        if (idx < (int)((s >> (kNextBits + kChunkBits)) & 0xff)) claim_chunks(P, s, idx);
+    }
+}
+
 }  // namespace
+
+void run_parallel(const ParTask& task, int nt, int64_t chunks) {
+    Pool& P = pool();
+    if (nt > kMaxThreads) nt = kMaxThreads;
+    if (chunks > kMaxChunks) chunks = kMaxChunks;
+    std::unique_lock<std::mutex> call(P.call, std::try_to_lock);
+    if (!call.owns_lock() || g_forked_after_omp) {
+        task.fn(task.ctx, 0, task.units, 0);
+        return;
+    }
+    if (P.started < nt - 1) {
+        std::lock_guard<std::mutex> lk(P.grow);
+        g_omp_used.store(true, std::memory_order_relaxed);
+        try {
+            for (; P.started < nt - 1; ++P.started) std::thread(pool_thread, P.started + 1).detach();
+        } catch (...) {  // no more threads: the ones there are (or the caller alone) do the work
+            if (P.started == 0) {
+                task.fn(task.ctx, 0, task.units, 0);
+                return;
+            }
+        }
+    }
+    P.done.store(0, std::memory_order_relaxed);
+    P.task.store(&task, std::memory_order_relaxed);
+    if (++P.gen == 0) P.gen = 1;
+    const uint64_t s = ((uint64_t)P.gen << 32) | ((uint64_t)nt << (kNextBits + kChunkBits)) |
+                       ((uint64_t)chunks << kNextBits);
+    P.state.store(s, std::memory_order_seq_cst);
+    if (P.sleepers.load(std::memory_order_seq_cst) > 0) {
+        std::lock_guard<std::mutex> lk(P.mu);
+        P.cv.notify_all();
+    }
+    claim_chunks(P, s, 0);
+    // only chunks another thread claimed can still be running
+    for (int spin = 0; P.done.load(std::memory_order_acquire) < chunks;) {
+        if (++spin < 1000) cpu_relax();
+        else std::this_thread::yield();
+    }
+}
 
 int set_threads(int n) {
     g_threads = g_forked_after_omp ? 1 : n;

@@ -1,7 +1,8 @@
-// tex_train.cpp: the training-side tex kernels (compiled once per ISA variant): the
-// activation derivatives (plain and gated, optionally with the bias gradient), TE's scaled
-// softmax forward (plain / masked / causal) and backward, fused RoPE over (token, head) rows
-// with a position per token, and the SGD step. fp32 math for every storage dtype.
+// tex_train.cpp: the training-side tex kernels (compiled once per ISA variant): the plain
+// activation derivatives (optionally with the bias gradient; the gated ones are backward.cpp's
+// gated_bwd_k), TE's scaled softmax forward (plain / masked / causal) and backward, fused RoPE
+// over (token, head) rows with a position per token, and the SGD step. fp32 math for every
+// storage dtype.
 #include <cmath>
 #include <cstring>
 
@@ -50,19 +51,6 @@ inline V dact_v(V x) {
     return s * (vset(1.0f) - s);
 }
 
-template <int OP>
-inline V act_v(V x) {
-    if (OP == DA_GELU_TANH) return vgelu_tanh(x);
-    if (OP == DA_SILU) return vsilu(x);
-    if (OP == DA_QGELU) return x * vsigmoid_k(x, kQgelu);
-    if (OP == DA_RELU) return vmax(vset(0.0f), x);
-    if (OP == DA_SRELU) {
-        V r = vmax(vset(0.0f), x);
-        return r * r;
-    }
-    return vsigmoid_k(x, 1.0f);
-}
-
 // v rounded to T's precision (and back to fp32): the bias gradient sums the values the output
 // holds, as TE's dbias of the stored d-activation does.
 template <class T>
@@ -107,79 +95,8 @@ void dact_k(const void* gv, const void* xv, void* yv, int64_t rows, int64_t n, f
     if (nt) stream_fence();
 }
 
-// Gated: x row = [a (h) | b (h)], g row (h) -> y row [g*b*act'(a) | g*act(a)] (2h), one pass:
-// a, b, g are read once and act(a), act'(a) share their exponential. Both halves are
-// streamed when they share an alignment (h*sizeof(T) a multiple of the vector size).
-template <int OP>
-inline void dglu_v(V a, V b, V g, V& da, V& db) {
-    if (OP == DA_SILU || OP == DA_SIGMOID) {
-        V s = vsigmoid_k(a, 1.0f);
-        if (OP == DA_SILU) {
-            da = g * b * s * vfma(a, vset(1.0f) - s, vset(1.0f));
-            db = g * a * s;
-        } else {
-            da = g * b * s * (vset(1.0f) - s);
-            db = g * s;
-        }
-    } else if (OP == DA_QGELU) {
-        V s = vsigmoid_k(a, kQgelu);
-        da = g * b * vfma(vset(kQgelu) * a, s * (vset(1.0f) - s), s);
-        db = g * a * s;
-    } else if (OP == DA_GELU_TANH) {
-        V s = vsig2(a * vfma(a * a, vset(kGeluC2), vset(kGeluC1)));
-        V t = vset(2.0f * kSqrt2OverPi) * a * s * (vset(1.0f) - s);
-        da = g * b * vfma(t, vfma(a * a, vset(3.0f * kGeluCubic), vset(1.0f)), s);
-        db = g * a * s;
-    } else {
-        da = g * b * dact_v<OP>(a);
-        db = g * act_v<OP>(a);
-    }
-}
-
-template <class T, int OP>
-void dglu_k(const void* gv, const void* xv, void* yv, int64_t rows, int64_t h, bool nt) {
-    const T* g = (const T*)gv;
-    const T* x = (const T*)xv;
-    T* y = (T*)yv;
-    const bool both = nt && W > 1 && ((uintptr_t)h * sizeof(T)) % ((uintptr_t)W * sizeof(T)) == 0;
-    for (int64_t r = 0; r < rows; ++r) {
-        const T* gr = g + r * h;
-        const T* a = x + r * 2 * h;
-        const T* b = a + h;
-        T* ya = y + r * 2 * h;
-        T* yb = ya + h;
-        int64_t i = 0;
-        auto part = [&](int64_t i0, int64_t k) {
-            V da, db;
-            dglu_v<OP>(vload_part(a + i0, k, 0.f), vload_part(b + i0, k, 0.f), vload_part(gr + i0, k, 0.f), da, db);
-            vstore_part(ya + i0, da, k);
-            vstore_part(yb + i0, db, k);
-        };
-        if (both) {
-            const uintptr_t A = (uintptr_t)W * sizeof(T);
-            const uintptr_t mis = (uintptr_t)ya % A;
-            int64_t head = mis ? (int64_t)((A - mis) / sizeof(T)) : 0;
-            if (head > h) head = h;
-            if (head) part(0, head);
-            i = head;
-            for (; i + W <= h; i += W) {
-                V da, db;
-                dglu_v<OP>(vload(a + i), vload(b + i), vload(gr + i), da, db);
-                vstream(ya + i, da);
-                vstream(yb + i, db);
-            }
-        } else {
-            for (; i + W <= h; i += W) {
-                V da, db;
-                dglu_v<OP>(vload(a + i), vload(b + i), vload(gr + i), da, db);
-                vstore(ya + i, da);
-                vstore(yb + i, db);
-            }
-        }
-        if (i < h) part(i, h - i);
-    }
-    if (nt) stream_fence();
-}
+// The gated derivatives (dglu: TE's dswiglu, dgeglu, ...) are backward.cpp's gated_bwd_k, the one
+// definition glu2_bwd uses too.
 
 // e^d for d <= 0 (or NaN): clamped so 2^n stays normal (AVX-512's vscalefps rounds below
 // to 0 itself); exact 0 for the masked -inf entries (the facade softmax's exp_le0).
@@ -442,12 +359,6 @@ void fill_t(KernelTable& t, int dt) {
     t.dact[dt][DA_RELU] = dact_k<T, DA_RELU>;
     t.dact[dt][DA_SRELU] = dact_k<T, DA_SRELU>;
     t.dact[dt][DA_SIGMOID] = dact_k<T, DA_SIGMOID>;
-    t.dglu[dt][DA_GELU_TANH] = dglu_k<T, DA_GELU_TANH>;
-    t.dglu[dt][DA_SILU] = dglu_k<T, DA_SILU>;
-    t.dglu[dt][DA_QGELU] = dglu_k<T, DA_QGELU>;
-    t.dglu[dt][DA_RELU] = dglu_k<T, DA_RELU>;
-    t.dglu[dt][DA_SRELU] = dglu_k<T, DA_SRELU>;
-    t.dglu[dt][DA_SIGMOID] = dglu_k<T, DA_SIGMOID>;
     t.tsoftmax[dt] = tsoftmax_k<T>;
     t.tsoftmax_bwd[dt] = tsoftmax_bwd_k<T>;
     t.trope[dt] = trope_k<T>;

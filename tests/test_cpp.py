@@ -538,13 +538,15 @@ def test_norm_backward_many_rows_threads(C):
 
 
 def _adam_ref(g, p, m, v, lr, b1, b2, eps, bc1, bc2, mode, wd):
-    # the kernel takes its hyper-parameters as float32: use the same values
-    lr, b1, b2, eps, bc1, bc2, wd = (float(np.float32(a)) for a in (lr, b1, b2, eps, bc1, bc2, wd))
+    # the kernel takes its hyper-parameters as float32, and 1 - beta from the caller's doubles
+    # rounded once (as torch.optim does): use the same values
+    ob1, ob2 = float(np.float32(1 - b1)), float(np.float32(1 - b2))
+    lr, b2, eps, bc1, bc2, wd = (float(np.float32(a)) for a in (lr, b2, eps, bc1, bc2, wd))
     g, p, m, v = (np.asarray(a, np.float64).copy() for a in (g, p, m, v))
     if mode == 0:
         g = g + wd * p
-    m = b1 * m + (1 - b1) * g
-    v = b2 * v + (1 - b2) * g * g
+    m = m + ob1 * (g - m)  # torch's lerp
+    v = b2 * v + ob2 * g * g
     upd = (m / bc1) / (np.sqrt(v / bc2) + eps)
     p = p - lr * (upd + wd * p) if mode == 1 else p - lr * upd
     return p, m, v

@@ -264,7 +264,9 @@ def ref_multi_tensor_unscale_l2norm(chunk_size, noop_flag, tensor_lists, inv_sca
 @reference("multi_tensor_adam")
 def ref_multi_tensor_adam(chunk_size, noop_flag, tensor_lists, lr, beta1, beta2, eps, step, mode,
                           bias_correction, weight_decay):
-    # Like upstream (apex), Adam does not skip on noop_flag: infs/nans propagate.
+    # Like upstream (apex), Adam does not skip on noop_flag: infs/nans propagate. The math is TE's,
+    # in torch.optim.AdamW/Adam(foreach=True)'s op order and scalars (as the cpp kernel,
+    # cpp_ext/optim.cpp), so that both stay on torch's trajectory.
     bc1 = 1.0 - beta1 ** step if bias_correction == 1 else 1.0
     bc2 = 1.0 - beta2 ** step if bias_correction == 1 else 1.0
     grads, params, ms, vs = tensor_lists[:4]
@@ -273,14 +275,15 @@ def ref_multi_tensor_adam(chunk_size, noop_flag, tensor_lists, lr, beta1, beta2,
         g = grads[i].float()
         pt = masters[i] if masters is not None else params[i]
         p = pt.float()
-        if mode == 0 and weight_decay != 0.0:
-            g = g + weight_decay * p
-        m = ms[i].float() * beta1 + (1.0 - beta1) * g
-        v = vs[i].float() * beta2 + (1.0 - beta2) * g * g
-        upd = (m / bc1) / ((v / bc2).sqrt() + eps)
-        if mode == 1 and weight_decay != 0.0:
-            upd = upd + weight_decay * p
-        p = p - lr * upd
+        if weight_decay != 0.0:
+            if mode == 0:
+                g = g.add(p, alpha=weight_decay)
+            else:
+                p = p * (1.0 - lr * weight_decay)
+        m = ms[i].float().lerp(g, 1.0 - beta1)
+        v = (vs[i].float() * beta2).addcmul(g, g, value=1.0 - beta2)
+        denom = (v.sqrt() / bc2 ** 0.5).add(eps)
+        p = p.addcdiv(m, denom, value=-(lr / bc1))
         ms[i].copy_(m)
         vs[i].copy_(v)
         pt.copy_(p)
