@@ -170,7 +170,7 @@ VARS: tuple = (
     Var("TENSOR_OPS_CPP_CACHE_MB", _C, "MiB of freed C++ output blocks (fresh outputs ≥ 1 MiB) kept for "
         "reuse; `0` disables the cache (`tensor_ops._cpp.cache_info()` / `empty_cache()`)", "0, 256",
         whole_number, default_doc="1024 or 1/16 of physical memory, whichever is less"),
-    Var("OMP_NUM_THREADS", _C, "threads of the C++ kernels (OpenMP runtime)", "2",
+    Var("OMP_NUM_THREADS", _C, "threads of the C++ kernels (read through the OpenMP runtime)", "2",
         default_doc="all cores", external=True),
     # -- OpenCL backend (tensor_ops/backends/opencl/settings.py)
     Var("TENSOR_OPS_OPENCL_DEVICE", ("opencl",), "OpenCL device: `platform:device` index or a name "
