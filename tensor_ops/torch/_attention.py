@@ -23,6 +23,7 @@ from typing import Optional
 import torch
 from torch import Tensor
 
+from . import _kernels as K
 from ._library import OPS, _like, _op
 
 _NATIVE = (torch.float32, torch.float16, torch.bfloat16)
@@ -59,15 +60,7 @@ def _scaled_softmax(x, scale, causal_offset=None):
 
 @_op("scaled_softmax_bwd", "(Tensor dy, Tensor y, float scale) -> Tensor", lambda dy, y, scale: _like(y))
 def _scaled_softmax_bwd(dy, y, scale):
-    if dy.dtype != y.dtype:
-        dy = dy.to(y.dtype)
-    dy = dy.contiguous()
-    if not _native_ok(y, dy):
-        ct = torch.promote_types(y.dtype, torch.float32)
-        yf, gf = y.to(ct), dy.to(ct)
-        return (scale * yf * (gf - (gf * yf).sum(-1, keepdim=True))).to(y.dtype)
-    from ..tex import _cpp_adapters as A
-    return A.scaled_softmax_backward(dy, y, float(scale))
+    return K.softmax_bwd(dy, y, -1, scale)     # the facade softmax's backward, scaled
 
 
 def _setup(ctx, inputs, output):

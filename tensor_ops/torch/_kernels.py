@@ -222,13 +222,14 @@ def layer_norm_bwd(dy, x, mu, rs, w):
     return dx.to(x.dtype), (g * xhat).reshape(-1, n).sum(0).to(w.dtype), g.reshape(-1, n).sum(0).to(w.dtype)
 
 
-def softmax_bwd(dy, y, axis: int):
-    dy = dy.contiguous()
+def softmax_bwd(dy, y, axis: int, scale: float = 1.0):
+    """dx of ``y = softmax(scale * x)``: ``scale * y * (dy - sum(dy * y))`` along ``axis``."""
+    dy = (dy if dy.dtype == y.dtype else dy.to(y.dtype)).contiguous()
     if y.dtype is not torch.float64 and y.dim() and axis % y.dim() == y.dim() - 1 and y.numel():
         from .. import tex
-        return tex.scaled_softmax_backward(dy, y.contiguous(), 1.0)
+        return tex.scaled_softmax_backward(dy, y.contiguous(), float(scale))
     g, ym = _math(dy), _math(y)
-    return (ym * (g - (g * ym).sum(axis, keepdim=True))).to(y.dtype)
+    return (scale * ym * (g - (g * ym).sum(axis, keepdim=True))).to(y.dtype)
 
 
 def _sigmoid_parts(x):
