@@ -103,6 +103,23 @@ def test_te_linear_call_sites(dtype):
     assert bgrad.dtype == dtype and bgrad.shape == (16,)
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("otype", ["same", torch.float32])
+def test_bias_grad_rounds_once(dtype, otype):
+    """BGRADB of a 16-bit B: column sums accumulated in fp32, rounded once to otype (as cuBLASLt's
+    epilogue), whether otype is B's dtype (torch's 16-bit sum, no fp32 copy of B) or fp32."""
+    otype = dtype if otype == "same" else otype
+    x, dy = T.rand((300, 24), dtype, seed=5), T.rand((300, 40), dtype, seed=6) * 3
+    ws = torch.empty(32, dtype=torch.uint8)
+    _, bgrad, _, _ = general_gemm(x, dy, ws, out_dtype=otype, layout="NT", bias=torch.zeros(40, dtype=dtype),
+                                  grad=True)
+    assert bgrad.dtype == otype
+    exact = dy.double().sum(0)
+    half_ulp = {torch.bfloat16: 2.0 ** -8, torch.float16: 2.0 ** -11, torch.float32: 2.0 ** -20}[otype]
+    err = (bgrad.double() - exact).abs()
+    assert (err <= half_ulp * exact.abs() + 1e-6).all(), err.max()   # one rounding, no 16-bit partial sums
+
+
 def test_accumulate_alpha_beta_and_inplace():
     A, B = T.rand((8, 4), torch.float32), T.rand((3, 8), torch.float32, seed=1)
     D0 = T.rand((3, 4), torch.float32, seed=2)
