@@ -427,20 +427,25 @@ inline Prefetch next_row(const T* x, int64_t n, bool has_next, int64_t write_n) 
 // (4x the time of the aligned case). StagedOut instead collects consecutive rows in an L1
 // buffer (normal stores) and writes them out as one contiguous stream: a partial line only
 // at the two ends of a kernel call, every other line whole with streaming stores.
-// Usage: T* r = so.row(n); <write r[0, n)>; so.add(n); ...; so.finish().
+// Usage: T* r = so.row(n); <write r[0, n)>; so.add(n); ...; so.finish(). `drain`: once that
+// many bytes are staged, add() streams the complete lines out (rope drains every 512 bytes).
 constexpr int64_t STAGE_BYTES = 16 << 10;
 template <class T>
 struct StagedOut {
     char* dst;           // the next byte of the output not written yet
     int64_t have = 0;    // bytes staged (they belong at dst)
     alignas(64) char buf[STAGE_BYTES + 64];
-    explicit StagedOut(T* y) : dst((char*)y) {}
+    int64_t drain;
+    explicit StagedOut(T* y, int64_t drain_ = STAGE_BYTES) : dst((char*)y), drain(drain_) {}
     // Room for n elements (n * sizeof(T) <= STAGE_BYTES): where to write them.
     T* row(int64_t n) {
         if (have + n * (int64_t)sizeof(T) > STAGE_BYTES) flush(false);
         return (T*)(buf + have);
     }
-    void add(int64_t n) { have += n * (int64_t)sizeof(T); }
+    void add(int64_t n) {
+        have += n * (int64_t)sizeof(T);
+        if (have >= drain) flush(false);
+    }
     void finish() {
         flush(true);
         stream_fence();

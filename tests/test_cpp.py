@@ -152,6 +152,32 @@ def test_rope_odd_output_alignment(C):
         C._set_tuning(-1, old)
 
 
+@pytest.mark.parametrize("dt", ["float32", "float16"])
+@pytest.mark.parametrize("shift", [1, 2, 4, 8, 15])
+def test_rope_staged_out_every_shift(C, dt, shift):
+    """Short rows into an out= off its vector alignment take the staged path (simd.h StagedOut,
+    drained every 512 bytes): many rows, so lines carry across rows and drains; nothing outside
+    out is written."""
+    old = C.build_info()["nontemporal_threshold_bytes"]
+    C._set_tuning(-1, 0)
+    try:
+        n, rows = 128, 300
+        cos, sin = rope_tables(37, n)
+        x = np.random.default_rng(shift).standard_normal((rows, n)).astype(dt)
+        pad = 64
+        buf = np.full(rows * n + 2 * pad, 7, dt)
+        start = (-buf.ctypes.data % 64) // buf.itemsize + shift
+        out = buf[start:start + rows * n].reshape(rows, n)
+        for il in (False, True):
+            C.rope(x, cos, sin, il, out)
+            want = ref_rope(x.astype(np.float64), cos, sin, il)
+            np.testing.assert_allclose(out, want, rtol=2e-6 if dt == "float32" else 1e-3,
+                                       atol=2e-6 if dt == "float32" else 2e-3)
+            assert (buf[:start] == 7).all() and (buf[start + rows * n:] == 7).all()
+    finally:
+        C._set_tuning(-1, old)
+
+
 def test_out_is_written_in_place_and_returned(C):
     x = np.random.default_rng(1).standard_normal((4, 40)).astype(np.float32)
     w = np.ones(40, np.float32)
