@@ -124,7 +124,7 @@ inline M vmask_u8(const uint8_t* p) {
 }
 
 inline void prefetch(const void* p, int bytes) {
-    for (int b = 0; b < bytes; b += 64) __builtin_prefetch((const char*)p + b, 0, 3);
+    for (int b = 0; b < bytes; b += 64) __builtin_prefetch((const char*)p + b, 0, 2);  // into L2: see simd.h Prefetch
 }
 
 // TE's scaled softmax over rows of n: z = x*scale; mode SM_MASK: where mask[j] != 0, z = -10000,
