@@ -33,11 +33,11 @@ constexpr float QGELU_K = 1.702f;  // TE's quick-GELU: x * sigmoid(1.702 x)
 constexpr int A_GELU_ERF = DA_COUNT;
 constexpr int GLU_ACT[GLU_COUNT] = {DA_SILU, A_GELU_ERF, DA_GELU_TANH};  // by Glu code
 
-template <int A>
+template <int A, bool LP>
 inline V act_f(V x) {
-    if (A == DA_SILU) return vsilu(x);
+    if (A == DA_SILU) return vsilu<LP>(x);
     if (A == A_GELU_ERF) return vgelu_erf(x);
-    return vgelu_tanh(x);
+    return vgelu_tanh<LP>(x);
 }
 
 // f = act(x) and df = act'(x), from one exponential where there is one.
@@ -50,25 +50,25 @@ inline V act_f(V x) {
 template <int A>
 inline void act_df(V x, V& f, V& df) {
     const V one = vset(1.0f);
+    V s, om;  // sigmoid and 1 - sigmoid (vmath.h vsig_parts)
     if (A == DA_SILU) {
-        const V s = one / (one + vexp_neg_fast(x));
+        vsig_parts(vneg_log2e(x), s, om);
         f = x * s;
-        df = vfma(f, one - s, s);
+        df = vfma(f, om, s);
     } else if (A == A_GELU_ERF) {
         const V phi = vset(0.5f) * (one + verf(x * vset(SQRT_HALF)));
         f = x * phi;
         df = vfma(x, vset(INV_SQRT_2PI) * vexp(vset(-0.5f) * x * x), phi);
     } else if (A == DA_GELU_TANH) {
         const V x2 = x * x;
-        const V v = vgelu_tanh_arg(x, x2);
-        const V s = one / (one + vexp2_fast(v));
+        vsig_parts(vgelu_tanh_arg(x, x2), s, om);
         f = x * s;
         const V du = vset(GELU_K0) * vfma(vset(3.0f * GELU_K1), x2, one);
-        df = vfma(vset(2.0f) * f * (one - s), du, s);
+        df = vfma(vset(2.0f) * f * om, du, s);
     } else if (A == DA_QGELU) {
-        const V s = one / (one + vexp2_fast(x * vset(-LOG2E * QGELU_K)));
+        vsig_parts(x * vset(-LOG2E * QGELU_K), s, om);
         f = x * s;
-        df = vfma(vset(QGELU_K) * f, one - s, s);
+        df = vfma(vset(QGELU_K) * f, om, s);
     } else if (A == DA_RELU) {
         f = vmax(vset(0.0f), x);
         df = vsel(vlt(vset(0.0f), x), one, vset(0.0f));
@@ -77,9 +77,9 @@ inline void act_df(V x, V& f, V& df) {
         f = r * r;
         df = vset(2.0f) * r;
     } else {  // DA_SIGMOID
-        const V s = one / (one + vexp_neg_fast(x));
+        vsig_parts(vneg_log2e(x), s, om);
         f = s;
-        df = s * (one - s);
+        df = s * om;
     }
 }
 
@@ -98,8 +98,8 @@ void glu2_k(const void* av, const void* bv, void* yv, int64_t rows, int64_t h, i
         const T* a = A + r * sa;
         const T* b = B + r * sb;
         write_row(
-            Y + r * sy, h, nt, [&](int64_t i) { return act_f<ACT>(vload(a + i)) * vload(b + i); },
-            [&](int64_t i, int64_t k) { return act_f<ACT>(vload_part(a + i, k, 0.f)) * vload_part(b + i, k, 0.f); });
+            Y + r * sy, h, nt, [&](int64_t i) { return act_f<ACT, sizeof(T) == 2>(vload(a + i)) * vload(b + i); },
+            [&](int64_t i, int64_t k) { return act_f<ACT, sizeof(T) == 2>(vload_part(a + i, k, 0.f)) * vload_part(b + i, k, 0.f); });
     }
     if (nt) stream_fence();
 }

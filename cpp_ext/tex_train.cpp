@@ -23,32 +23,30 @@ constexpr float kGeluC1 = -2.0f * kSqrt2OverPi * kLog2e;
 constexpr float kGeluC2 = -2.0f * kSqrt2OverPi * kGeluCubic * kLog2e;
 constexpr float kQgelu = 1.702f;
 
-// sigmoid from 2^v with v = -x*log2(e)*k folded by the caller: 1 / (1 + 2^v)
-inline V vsig2(V v) { return vset(1.0f) / (vset(1.0f) + vexp2_fast(v)); }
-inline V vsigmoid_k(V x, float k) { return vsig2(x * vset(-kLog2e * k)); }
-
-// act'(x) for the plain activations (DA_*); the gated kernels also need act(x) itself.
+// act'(x) for the plain activations (DA_*); the gated kernels also need act(x) itself. s and
+// 1 - s from vsig_parts (vmath.h).
 template <int OP>
 inline V dact_v(V x) {
+    V s, om;
     if (OP == DA_GELU_TANH) {
         // tanh-GELU: with s = sigmoid(2u) = (1 + tanh u)/2, u = k0 (x + 0.044715 x^3):
         // d/dx = s + 2 k0 x s (1 - s) (1 + 3*0.044715 x^2)
-        V s = vsig2(x * vfma(x * x, vset(kGeluC2), vset(kGeluC1)));
-        V t = vset(2.0f * kSqrt2OverPi) * x * s * (vset(1.0f) - s);
+        vsig_parts(x * vfma(x * x, vset(kGeluC2), vset(kGeluC1)), s, om);
+        V t = vset(2.0f * kSqrt2OverPi) * x * s * om;
         return vfma(t, vfma(x * x, vset(3.0f * kGeluCubic), vset(1.0f)), s);
     }
     if (OP == DA_SILU) {
-        V s = vsigmoid_k(x, 1.0f);
-        return s * vfma(x, vset(1.0f) - s, vset(1.0f));
+        vsig_parts(x * vset(-kLog2e), s, om);
+        return s * vfma(x, om, vset(1.0f));
     }
     if (OP == DA_QGELU) {
-        V s = vsigmoid_k(x, kQgelu);
-        return vfma(vset(kQgelu) * x, s * (vset(1.0f) - s), s);
+        vsig_parts(x * vset(-kLog2e * kQgelu), s, om);
+        return vfma(vset(kQgelu) * x, s * om, s);
     }
     if (OP == DA_RELU) return vsel(vlt(vset(0.0f), x), vset(1.0f), vset(0.0f));
     if (OP == DA_SRELU) return vset(2.0f) * vmax(vset(0.0f), x);  // NaN in x stays NaN
-    V s = vsigmoid_k(x, 1.0f);  // DA_SIGMOID
-    return s * (vset(1.0f) - s);
+    vsig_parts(x * vset(-kLog2e), s, om);  // DA_SIGMOID
+    return s * om;
 }
 
 // v rounded to T's precision (and back to fp32): the bias gradient sums the values the output
