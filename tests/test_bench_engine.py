@@ -330,6 +330,23 @@ def test_bench_cpp_preset_rows_and_table(capsys):
         mod.main(["--sizes", "8192"])
 
 
+def test_ab_builds_compares_two_loaded_builds(capsys):
+    """ab_builds loads a build beside tensor_ops._cpp (here the same file under another module
+    object) and times both on every case, the two-output and bfloat16 ones included."""
+    if not to.get_backend_info()["backends"]["cpp"]["available"]:
+        pytest.skip(f"cpp unavailable: {to.get_backend_info()['backends']['cpp']['reason']}")
+    from tensor_ops import _cpp
+    mod = _load("ab_builds")
+    other = mod.load_other(_cpp.__file__)
+    assert other is not _cpp and other.rms_norm is not _cpp.rms_norm
+    mod.main([_cpp.__file__, "--ops", "rms_norm", "add_rms_norm", "gelu_tanh", "rope",
+              "--dtypes", "float32", "bfloat16", "--rows", "8", "--rounds", "1"])
+    out = capsys.readouterr().out
+    ops = ("rms_norm", "add_rms_norm", "gelu_tanh", "rope")
+    lines = [ln for ln in out.splitlines() if ln.split() and ln.split()[0] in ops]
+    assert len(lines) == 8 and not any("error" in ln for ln in lines), out
+
+
 def test_bench_cuda_preset_parses_and_explains_a_missing_gpu(capsys):
     mod = _load("bench_cuda")
     a = mod.parse_args([])

@@ -1,0 +1,96 @@
+"""Two builds of the C++ kernels, side by side in one process: which one is faster?
+
+On a shared 2-core VM the copy bandwidth moves by 1.5x between minutes, so a kernel change
+measured by two benchmark runs (before / after) is mostly a measurement of the host. This
+loads another build's ``tensor_ops._cpp`` (a ``.so`` built from another checkout, e.g. a
+``git worktree`` of the base commit) beside this checkout's, and times the same calls on both
+in the engine's interleaved rounds (``tensor_ops._bench.time_rounds``), so both see the same
+host: the ratio is the median of per-round ratios. The two modules share nothing (each has
+its own thread pool and output cache).
+
+    git worktree add /tmp/base HEAD~1 && (cd /tmp/base && python setup.py -q build_ext --inplace)
+    python benchmarks/ab_builds.py /tmp/base/tensor_ops/_cpp.*.so --ops rms_norm softmax \\
+        --dtypes float32 bfloat16
+
+The cases are the benchmark's own (``_bench_cases.bench_case``: (rows, 4096), rope (32, rows,
+128)), ``out=`` given as ``np.empty`` gives it (16 bytes past a 64-byte boundary).
+"""
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import os
+import statistics
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+import ml_dtypes  # noqa: E402,F401  (registers "bfloat16" with NumPy)
+import numpy as np  # noqa: E402
+
+from tensor_ops import _bench  # noqa: E402
+from tensor_ops._bench_cases import bench_case  # noqa: E402
+
+
+def load_other(path: str):
+    """The ``_cpp`` extension at ``path`` as a module of its own (not tensor_ops._cpp)."""
+    spec = importlib.util.spec_from_file_location("_cpp", path)
+    if spec is None or spec.loader is None:
+        raise SystemExit(f"ab_builds: cannot load {path!r} as an extension module")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def _native(a):
+    """(array, dtype keyword) as the extension takes it: bfloat16 as its int16 bits."""
+    if getattr(a, "dtype", None) is not None and a.dtype.name == "bfloat16":
+        return a.view(np.int16), "bfloat16"
+    return a, None
+
+
+def calls(mod, op: str, dtype: str, rows: int):
+    """A no-argument call of ``op`` on ``mod`` with the benchmark's case, out= given."""
+    case = bench_case(op, dtype, rows)
+    x, bf = _native(case.x)
+    args = [_native(a)[0] if isinstance(a, np.ndarray) else a for a in case.args]
+    kw = {"dtype": bf} if bf else {}
+    outs = case.empty_out()
+    if isinstance(outs, tuple):
+        o1, o2 = (_native(o)[0] for o in outs)
+        return lambda: getattr(mod, case.op)(x, *args, out=o1, residual_out=o2, **kw)
+    o = _native(outs)[0]
+    return lambda: getattr(mod, case.op)(x, *args, out=o, **kw)
+
+
+def main(argv=None) -> None:
+    from tensor_ops import _cpp
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("other", help="the other build's _cpp*.so (the base of the comparison)")
+    ap.add_argument("--ops", nargs="+", default=["rms_norm", "layer_norm", "softmax", "silu", "rope"])
+    ap.add_argument("--dtypes", nargs="+", default=["float32", "bfloat16"])
+    ap.add_argument("--rows", type=int, default=8192)
+    ap.add_argument("--rounds", type=int, default=9)
+    args = ap.parse_args(argv)
+    other = load_other(args.other)
+    fns = {}
+    for op in args.ops:
+        for dt in args.dtypes:
+            fns[(op, dt, "other")] = calls(other, op, dt, args.rows)
+            fns[(op, dt, "this")] = calls(_cpp, op, dt, args.rows)
+    t = _bench.time_rounds(fns, 0, args.rounds)
+    print(f"# this build: {_cpp.__file__}\n# other: {args.other}\n# {args.rounds} interleaved rounds, "
+          "speed = other's time / this time (median of per-round ratios; > 1: this build is faster)")
+    print(f"{'op':16s} {'dtype':9s} {'other ms':>9s} {'this ms':>9s} {'speed':>6s}")
+    for op in args.ops:
+        for dt in args.dtypes:
+            a, b = t[(op, dt, "other")], t[(op, dt, "this")]
+            if a.error or b.error:
+                print(f"{op:16s} {dt:9s} error: {a.error or b.error}")
+                continue
+            print(f"{op:16s} {dt:9s} {statistics.median(a.times) * 1e3:9.2f} {statistics.median(b.times) * 1e3:9.2f} "
+                  f"{_bench.median_ratio(a, b):6.2f}")
+
+
+if __name__ == "__main__":
+    main()
