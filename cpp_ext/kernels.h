@@ -14,6 +14,8 @@ enum Dt : int { DT_F32 = 0, DT_F16 = 1, DT_BF16 = 2, DT_COUNT = 3 };
 // UN_EXP / UN_TANH are bound as _cpp._exp / _cpp._tanh so the tests can check vexp/vtanh.
 enum Unary : int { UN_SILU = 0, UN_RELU = 1, UN_GELU_ERF = 2, UN_GELU_TANH = 3, UN_EXP = 4, UN_TANH = 5, UN_COUNT = 6 };
 enum Glu : int { GLU_SWIGLU = 0, GLU_GEGLU_ERF = 1, GLU_GEGLU_TANH = 2, GLU_COUNT = 3 };
+// rope: at most this many sequences share a pass over the table rows (rope.cpp, bind_facade.cpp).
+constexpr int64_t ROPE_MAX_HEADS = 8;
 
 // The derivative kernels' activations (tex_train.cpp, backward.cpp): plain ones and the gate of a GLU.
 enum DAct : int { DA_GELU_TANH = 0, DA_SILU = 1, DA_QGELU = 2, DA_RELU = 3, DA_SRELU = 4, DA_SIGMOID = 5, DA_COUNT = 6 };
@@ -57,9 +59,12 @@ struct KernelTable {
     void (*unary[DT_COUNT][UN_COUNT])(const void* x, void* y, int64_t count, bool nt);
     // x (rows, 2h) -> y (rows, h)
     void (*glu[DT_COUNT][GLU_COUNT])(const void* x, void* y, int64_t rows, int64_t h, bool nt);
-    // cos/sin float32 (T, n); row r of this chunk uses position (row0 + r) % T.
+    // cos/sin float32 (T, n); row r of this chunk uses position (row0 + r) % T. heads (1 ..
+    // ROPE_MAX_HEADS) sequences at once, hstride elements apart: each position's table row
+    // serves all of them while it is in L1.
     void (*rope[DT_COUNT])(const void* x, const float* cos, const float* sin, void* y, int64_t rows,
-                           int64_t n, int64_t T, int64_t row0, bool interleaved, bool nt);
+                           int64_t n, int64_t T, int64_t row0, bool interleaved, bool nt, int64_t heads,
+                           int64_t hstride);
     // dx written (streaming stores with nt); dg_acc (and db_acc) are fp32 [n] accumulators the
     // rows are added into.
     void (*rms_norm_bwd[DT_COUNT])(const void* dz, const void* x, const float* rsigma, const void* g,

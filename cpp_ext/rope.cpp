@@ -73,15 +73,18 @@ inline void rope_row(const T* xr, const float* c, const float* s, T* yr, int64_t
 
 template <class T>
 void rope_k(const void* xv, const float* cosp, const float* sinp, void* yv, int64_t rows, int64_t n,
-            int64_t T_, int64_t row0, bool interleaved, bool nt) {
+            int64_t T_, int64_t row0, bool interleaved, bool nt, int64_t heads, int64_t hstride) {
     const T* x = (const T*)xv;
     T* y = (T*)yv;
+    if (heads < 1) heads = 1;
+    if (heads > ROPE_MAX_HEADS) heads = ROPE_MAX_HEADS;  // the caller groups at most this many
     const int64_t A = (int64_t)W * (int64_t)sizeof(T);
     // Streaming stores straight into y need every row (and half row) to be whole aligned
     // vectors; otherwise short rows are staged, long ones (a partial line per row is noise
     // there) keep write_row's per-row head.
     const int64_t piece = interleaved ? n : n / 2;
-    const bool direct = W > 1 && (uintptr_t)y % A == 0 && (piece * (int64_t)sizeof(T)) % A == 0;
+    bool direct = W > 1 && (piece * (int64_t)sizeof(T)) % A == 0;
+    for (int64_t h = 0; h < heads; ++h) direct = direct && (uintptr_t)(y + h * hstride) % A == 0;
     const bool staged = nt && W > 1 && !direct && n * (int64_t)sizeof(T) <= STAGE_BYTES / 4;
     int64_t pos = row0 % T_;
     if (staged) {
@@ -89,61 +92,67 @@ void rope_k(const void* xv, const float* cosp, const float* sinp, void* yv, int6
         // writes interleave with the next rows' reads instead of leaving in 16 KiB bursts
         // between read-only stretches (32 x 8192 x 128 into np.empty's 64n+16 out=, in-process
         // A/B: fp32 10.2 -> 9.2 ms, fp16 6.0 -> 5.3 ms; 2048 B no better than 16 KiB, 256 B
-        // no better than 512).
-        StagedOut<T> so(y, 512);
+        // no better than 512). One stage per head of the group: each head's rows are its own
+        // contiguous stream.
+        StagedOut<T> so[ROPE_MAX_HEADS];
+        for (int64_t h = 0; h < heads; ++h) so[h].reset(y + h * hstride, 512);
         for (int64_t r = 0; r < rows; ++r, pos = (pos + 1 == T_) ? 0 : pos + 1) {
-            T* yr = so.row(n);
-            rope_row<T, false>(x + r * n, cosp + pos * n, sinp + pos * n, yr, n, interleaved);
-            so.add(n);
+            for (int64_t h = 0; h < heads; ++h) {
+                T* yr = so[h].row(n);
+                rope_row<T, false>(x + h * hstride + r * n, cosp + pos * n, sinp + pos * n, yr, n, interleaved);
+                so[h].add(n);
+            }
         }
-        so.finish();
+        for (int64_t h = 0; h < heads; ++h) so[h].finish();
         return;
     }
     const bool stream = nt && direct;
     for (int64_t r = 0; r < rows; ++r, pos = (pos + 1 == T_) ? 0 : pos + 1) {
-        const T* xr = x + r * n;
-        T* yr = y + r * n;
         const float* c = cosp + pos * n;
         const float* s = sinp + pos * n;
-        if (stream) {
-            rope_row<T, true>(xr, c, s, yr, n, interleaved);
-        } else if (nt && W > 1) {  // long rows, misaligned: write_row's aligned streaming body
-            alignas(64) float buf[W];
-            if (interleaved) {
-                auto part = [&](int64_t i, int64_t k) {
-                    for (int64_t j = 0; j < W; ++j) buf[j] = j < k ? rope_il_elem(xr, c, s, i + j) : 0.f;
-                    return vload(buf);
-                };
-#if TO_ISA != 0
-                alignas(64) float sg[W];
-                for (int j = 0; j < W; ++j) sg[j] = (j & 1) ? 1.f : -1.f;
-                const V sign = vload(sg);
-                auto full = [&](int64_t i) {
-                    if (i & 1) return part(i, W);  // pairs straddle lanes (odd head): slow but right
-                    V vx = vload(xr + i);
-                    return vfma(vswap_pairs(vx) * sign, vload(s + i), vx * vload(c + i));
-                };
-                write_row(yr, n, true, full, part);
-#endif
+        for (int64_t hd = 0; hd < heads; ++hd) {
+            const T* xr = x + hd * hstride + r * n;
+            T* yr = y + hd * hstride + r * n;
+            if (stream) {
+                rope_row<T, true>(xr, c, s, yr, n, interleaved);
+            } else if (nt && W > 1) {  // long rows, misaligned: write_row's aligned streaming body
+                alignas(64) float buf[W];
+                if (interleaved) {
+                    auto part = [&](int64_t i, int64_t k) {
+                        for (int64_t j = 0; j < W; ++j) buf[j] = j < k ? rope_il_elem(xr, c, s, i + j) : 0.f;
+                        return vload(buf);
+                    };
+    #if TO_ISA != 0
+                    alignas(64) float sg[W];
+                    for (int j = 0; j < W; ++j) sg[j] = (j & 1) ? 1.f : -1.f;
+                    const V sign = vload(sg);
+                    auto full = [&](int64_t i) {
+                        if (i & 1) return part(i, W);  // pairs straddle lanes (odd head): slow but right
+                        V vx = vload(xr + i);
+                        return vfma(vswap_pairs(vx) * sign, vload(s + i), vx * vload(c + i));
+                    };
+                    write_row(yr, n, true, full, part);
+    #endif
+                } else {
+                    const int64_t h = n / 2;
+                    const T* x2 = xr + h;
+                    write_row(
+                        yr, h, true, [&](int64_t i) { return vfnma(vload(x2 + i), vload(s + i), vload(xr + i) * vload(c + i)); },
+                        [&](int64_t i, int64_t k) {
+                            return vfnma(vload_part(x2 + i, k, 0.f), vload_part(s + i, k, 0.f),
+                                         vload_part(xr + i, k, 0.f) * vload_part(c + i, k, 0.f));
+                        });
+                    write_row(
+                        yr + h, h, true,
+                        [&](int64_t i) { return vfma(vload(xr + i), vload(s + h + i), vload(x2 + i) * vload(c + h + i)); },
+                        [&](int64_t i, int64_t k) {
+                            return vfma(vload_part(xr + i, k, 0.f), vload_part(s + h + i, k, 0.f),
+                                        vload_part(x2 + i, k, 0.f) * vload_part(c + h + i, k, 0.f));
+                        });
+                }
             } else {
-                const int64_t h = n / 2;
-                const T* x2 = xr + h;
-                write_row(
-                    yr, h, true, [&](int64_t i) { return vfnma(vload(x2 + i), vload(s + i), vload(xr + i) * vload(c + i)); },
-                    [&](int64_t i, int64_t k) {
-                        return vfnma(vload_part(x2 + i, k, 0.f), vload_part(s + i, k, 0.f),
-                                     vload_part(xr + i, k, 0.f) * vload_part(c + i, k, 0.f));
-                    });
-                write_row(
-                    yr + h, h, true,
-                    [&](int64_t i) { return vfma(vload(xr + i), vload(s + h + i), vload(x2 + i) * vload(c + h + i)); },
-                    [&](int64_t i, int64_t k) {
-                        return vfma(vload_part(xr + i, k, 0.f), vload_part(s + h + i, k, 0.f),
-                                    vload_part(x2 + i, k, 0.f) * vload_part(c + h + i, k, 0.f));
-                    });
+                rope_row<T, false>(xr, c, s, yr, n, interleaved);
             }
-        } else {
-            rope_row<T, false>(xr, c, s, yr, n, interleaved);
         }
     }
     if (nt) stream_fence();

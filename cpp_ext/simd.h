@@ -440,8 +440,14 @@ struct StagedOut {
     char* dst;           // the next byte of the output not written yet
     int64_t have = 0;    // bytes staged (they belong at dst)
     alignas(64) char buf[STAGE_BYTES + 64];
-    int64_t drain;
+    int64_t drain = STAGE_BYTES;
+    StagedOut() : dst(nullptr) {}
     explicit StagedOut(T* y, int64_t drain_ = STAGE_BYTES) : dst((char*)y), drain(drain_) {}
+    void reset(T* y, int64_t drain_) {
+        dst = (char*)y;
+        have = 0;
+        drain = drain_;
+    }
     // Room for n elements (n * sizeof(T) <= STAGE_BYTES): where to write them.
     T* row(int64_t n) {
         if (have + n * (int64_t)sizeof(T) > STAGE_BYTES) flush(false);

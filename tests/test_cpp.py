@@ -178,6 +178,34 @@ def test_rope_staged_out_every_shift(C, dt, shift):
         C._set_tuning(-1, old)
 
 
+@pytest.mark.parametrize("dt", ["float32", "float16"])
+@pytest.mark.parametrize("heads,T,n", [(6, 37, 128), (5, 16, 64), (9, 3, 8), (2, 11, 130)])
+@pytest.mark.parametrize("shift", [0, 4], ids=["aligned", "shifted"])
+def test_rope_head_groups(C, dt, heads, T, n, shift):
+    """(heads, T, n) x with (T, n) tables: heads go through the kernel in groups sharing each
+    table row (bind_facade.cpp rope), a head count that is not a multiple of the group, the
+    direct and the staged out= paths (streaming stores forced), both layouts, on 2 threads
+    (the (block, group) units split between them)."""
+    info, nt = C.build_info(), C.get_num_threads()
+    C._set_tuning(0, 0)
+    C.set_num_threads(2)
+    try:
+        cos, sin = rope_tables(T, n, seed=heads)
+        x = np.random.default_rng(T + n).standard_normal((heads, T, n)).astype(dt)
+        buf = np.full(x.size + 64, 7, dt)
+        start = (-buf.ctypes.data % 64) // buf.itemsize + shift
+        out = buf[start:start + x.size].reshape(x.shape)
+        for il in (False, True):
+            C.rope(x, cos, sin, il, out)
+            want = ref_rope(x.reshape(-1, n).astype(np.float64), cos, sin, il).reshape(x.shape)
+            tol = 2e-6 if dt == "float32" else 1e-3
+            np.testing.assert_allclose(out, want, rtol=tol, atol=2 * tol)
+            assert (buf[:start] == 7).all() and (buf[start + x.size:] == 7).all()
+    finally:
+        C._set_tuning(info["parallel_threshold_bytes"], info["nontemporal_threshold_bytes"])
+        C.set_num_threads(nt)
+
+
 def test_out_is_written_in_place_and_returned(C):
     x = np.random.default_rng(1).standard_normal((4, 40)).astype(np.float32)
     w = np.ones(40, np.float32)
