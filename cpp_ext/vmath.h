@@ -111,20 +111,19 @@ inline V vdiv_1p_exp2(V a, V v) {
 }
 
 // The derivatives' sigmoid pieces from e = 2^v: s = 1/(1 + e) and 1 - s. On AVX-512, e comes
-// from vexp2_d5 (vreduceps + vscalefps, as the forward activations) and 1 - s is e*s, which
-// keeps its relative accuracy where s -> 1 (1 - s cancels there: d/dx silu at x = 20 is
-// 1 + 20 (1 - s)); v is clamped to 126 first so that e stays finite and e*s never is Inf*0
-// (below 2^-126 both forms are 0 to the output anyway). No 16-bit shortcut (vexp2_d3,
+// from vexp2_d5 (vreduceps + vscalefps, as the forward activations) and 1 - s is e*s where
+// s >= 1/2, which keeps its relative accuracy as s -> 1 (1 - s cancels there: d/dx silu at
+// x = 20 is 1 + 20 (1 - s)); below 1/2 it is 1 - s, exact there, and e may be Inf (s = 0,
+// so x = -Inf still gives torch's NaN for silu's derivative, not Inf*0). No 16-bit shortcut (vexp2_d3,
 // vrcp14ps) here: the derivatives cross zero (tanh-GELU's near x = -0.75), where s and the
 // other term cancel, and those 1e-4 relative errors became 1e-2 relative errors of a 1e-3
 // result (TE's tests allow atol 1e-5 for fp16 and bf16 too). AVX2 and scalar keep
 // vexp2_fast, the division and 1 - s, as before.
 inline void vsig_parts(V v, V& s, V& one_minus_s) {
 #if TO_ISA == 2
-    v = vmin(vset(126.0f), v);  // NaN passes through (see vexp)
     const V e = vexp2_d5(v);
     s = vset(1.0f) / (vset(1.0f) + e);
-    one_minus_s = e * s;
+    one_minus_s = vsel(vlt(s, vset(0.5f)), vset(1.0f) - s, e * s);  // NaN: e * s, NaN
 #else
     s = vset(1.0f) / (vset(1.0f) + vexp2_fast(v));
     one_minus_s = vset(1.0f) - s;

@@ -100,3 +100,18 @@ def test_activation_bad_input():
         tex.gelu(torch.ones(3, dtype=torch.int32), None)
     assert tex.gelu(input=torch.zeros(2), quantizer=None).shape == (2,)  # TE's keyword names
     assert tex.dgelu(grad=torch.zeros(2), fwd_input=torch.zeros(2), quantizer=None).shape == (2,)
+
+
+@pytest.mark.parametrize("name", ["silu", "gelu", "qgelu"])
+def test_derivatives_at_the_extremes_match_autograd(name):
+    """±Inf, NaN and arguments whose exponential overflows: the native derivative (1 - s formed
+    without cancellation, vmath.h vsig_parts) gives autograd's values, NaN where it has NaN."""
+    x = torch.tensor([-float("inf"), -1000.0, -100.0, -88.0, -20.0, -0.75, 0.0, 20.0, 88.0, 100.0,
+                      float("inf"), float("nan")] * 3)
+    g = torch.ones_like(x)
+    for backend in [p.values[0] for p in T.backends_for("d" + name) if not p.marks]:
+        with T.forced(backend):
+            dx = getattr(tex, "d" + name)(g, x, None)
+        _, (gx,) = T.grads(T.ACT[name], [x], g)
+        assert torch.equal(torch.isnan(dx), torch.isnan(gx)), (backend, dx, gx)
+        torch.testing.assert_close(dx, gx.to(dx.dtype), rtol=2e-6, atol=1e-6, equal_nan=True)
