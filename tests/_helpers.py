@@ -39,3 +39,25 @@ def run_python(code: str = "", *args: str, env: dict | None = None, timeout: flo
     src = (block_imports(*blocked) if blocked else "") + textwrap.dedent(code)
     cmd = [sys.executable, *(("-c", src) if code else ()), *args]
     return subprocess.run(cmd, capture_output=True, text=True, env=e, cwd=str(cwd), timeout=timeout)
+
+
+def tsan_toolchain() -> tuple[str, str]:
+    """(g++, libtsan.so) for a ThreadSanitizer build; the calling test skips with the reason
+    when either is missing."""
+    import shutil
+
+    import pytest
+    gxx = shutil.which("g++")
+    if gxx is None:
+        pytest.skip("g++ not found: the ThreadSanitizer harness needs it")
+    libtsan = subprocess.run([gxx, "-print-file-name=libtsan.so"], capture_output=True, text=True).stdout.strip()
+    if not os.path.isabs(libtsan) or not os.path.exists(libtsan):
+        pytest.skip(f"g++ has no libtsan.so ({libtsan!r}): install gcc's ThreadSanitizer runtime")
+    return gxx, libtsan
+
+
+def skip_if_tsan_cannot_start(proc: subprocess.CompletedProcess) -> None:
+    """Skip when ThreadSanitizer's runtime could not map its shadow memory on this kernel."""
+    import pytest
+    if "unexpected memory mapping" in proc.stderr or "failed to allocate" in proc.stderr:
+        pytest.skip(f"ThreadSanitizer cannot start on this kernel: {proc.stderr.strip()[:200]}")

@@ -22,6 +22,7 @@ import pytest
 import tensor_ops
 from tensor_ops._ops._tolerance import TOLERANCES
 from tensor_ops.backends import cuda
+from tests._helpers import skip_if_tsan_cannot_start, tsan_toolchain
 
 pytestmark = pytest.mark.cuda
 
@@ -887,13 +888,7 @@ def _tsan_run(tmp_path, sources: dict) -> subprocess.CompletedProcess:
     """Build the emulation of ``sources`` ({name: text}, every cuda_ext file) with
     -fsanitize=thread and run block-mode rms_norm/layer_norm/softmax and add_rms_norm/add_layer_norm
     (also in place) launches under it."""
-    import shutil
-    gxx = shutil.which("g++")
-    if gxx is None:
-        pytest.skip("g++ not found: the ThreadSanitizer emulation needs it")
-    libtsan = subprocess.run([gxx, "-print-file-name=libtsan.so"], capture_output=True, text=True).stdout.strip()
-    if not os.path.isabs(libtsan) or not os.path.exists(libtsan):
-        pytest.skip(f"g++ has no libtsan.so ({libtsan!r}): install gcc's ThreadSanitizer runtime")
+    gxx, libtsan = tsan_toolchain()
     src = tmp_path / "cuda_ext"
     src.mkdir()
     for name, text in sources.items():
@@ -917,14 +912,9 @@ def _cuda_sources() -> dict:
     return {p.name: p.read_text() for p in (ROOT / "cuda_ext").iterdir() if p.suffix in (".cu", ".cuh")}
 
 
-def _tsan_usable(proc) -> None:
-    if "unexpected memory mapping" in proc.stderr or "failed to allocate" in proc.stderr:
-        pytest.skip(f"ThreadSanitizer cannot start on this kernel: {proc.stderr.strip()[:200]}")
-
-
 def test_block_mode_kernels_race_free_under_thread_sanitizer(tmp_path):
     proc = _tsan_run(tmp_path, _cuda_sources())
-    _tsan_usable(proc)
+    skip_if_tsan_cannot_start(proc)
     assert proc.returncode == 0 and "launched" in proc.stdout, (proc.returncode, proc.stderr[-4000:])
     assert "WARNING: ThreadSanitizer" not in proc.stderr, proc.stderr[-4000:]
 
@@ -937,7 +927,7 @@ def test_thread_sanitizer_catches_a_dropped_syncthreads(tmp_path):
     assert barrier in sources["common.cuh"], "update this test: RowGroup::sum's first barrier moved"
     sources["common.cuh"] = sources["common.cuh"].replace(barrier, "", 1)
     proc = _tsan_run(tmp_path, sources)
-    _tsan_usable(proc)
+    skip_if_tsan_cannot_start(proc)
     assert proc.returncode == 66 and "data race" in proc.stderr, (proc.returncode, proc.stderr[-2000:])
 
 

@@ -11,13 +11,9 @@ by the chunks) proves that this setup reports one.
 from __future__ import annotations
 
 import os
-import shutil
 import subprocess
-from pathlib import Path
 
-import pytest
-
-ROOT = Path(__file__).resolve().parent.parent
+from tests._helpers import ROOT, skip_if_tsan_cannot_start, tsan_toolchain
 
 HARNESS = r"""
 #include "runtime.h"
@@ -80,12 +76,7 @@ int main() {
 
 
 def _run(tmp_path, racy: bool) -> subprocess.CompletedProcess:
-    gxx = shutil.which("g++")
-    if gxx is None:
-        pytest.skip("g++ not found: the ThreadSanitizer harness needs it")
-    libtsan = subprocess.run([gxx, "-print-file-name=libtsan.so"], capture_output=True, text=True).stdout.strip()
-    if not os.path.isabs(libtsan) or not os.path.exists(libtsan):
-        pytest.skip(f"g++ has no libtsan.so ({libtsan!r}): install gcc's ThreadSanitizer runtime")
+    gxx, _ = tsan_toolchain()
     text = HARNESS.replace("RACY_DECL", "int64_t shared = 0;" if racy else "")
     text = text.replace("RACY_USE", "shared += e - b;" if racy else "")
     (tmp_path / "harness.cpp").write_text(text)
@@ -97,8 +88,7 @@ def _run(tmp_path, racy: bool) -> subprocess.CompletedProcess:
     assert build.returncode == 0, build.stdout[-4000:]
     proc = subprocess.run([str(exe)], capture_output=True, text=True, timeout=600,
                           env=dict(os.environ, TSAN_OPTIONS="halt_on_error=1 exitcode=66"))
-    if "unexpected memory mapping" in proc.stderr or "failed to allocate" in proc.stderr:
-        pytest.skip(f"ThreadSanitizer cannot start on this kernel: {proc.stderr.strip()[:200]}")
+    skip_if_tsan_cannot_start(proc)
     return proc
 
 
