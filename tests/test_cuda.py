@@ -816,34 +816,53 @@ def test_te_fl_skip_cuda_disables_with_reason():
 
 
 def _overflow_rows(n: int) -> np.ndarray:
-    """Rows for rms_norm whose fp32 squares overflow (|x| > ~1.8e19), then an inf row, a NaN
-    row and an ordinary one."""
-    rows = np.tile(np.linspace(-2.0, 3.0, n, dtype=np.float64), (6, 1))
+    """Rows whose fp32 statistics overflow on finite input (|x| > ~1.8e19 squares; a sum past
+    3.4e38; the centred squares of a row spanning 1e38), then an inf row, a NaN row, an
+    ordinary one and a row whose fp32 sum overflows (values 1e38 .. 3e38)."""
+    rows = np.tile(np.linspace(-2.0, 3.0, n, dtype=np.float64), (7, 1))
     rows[0, :3] = (1e20, -3e19, 2e19)
     rows[1, :2] = (3e38, -1e38)
     rows[2] *= 1e30
     rows[3, 1] = np.inf
     rows[4, 2] = np.nan
+    rows[6] = np.linspace(1e38, 3e38, n)
     return rows.astype(np.float32)
 
 
+def _norm64(op, x, w):
+    """The float64 formula of rms_norm / layer_norm (eps 1e-6 / 1e-5, b = w)."""
+    x = x.astype(np.float64)
+    with np.errstate(over="ignore", invalid="ignore"):
+        if op.endswith("rms_norm"):
+            return x / np.sqrt((x * x).mean(-1, keepdims=True) + 1e-6) * w
+        d = x - x.mean(-1, keepdims=True)
+        return d / np.sqrt((d * d).mean(-1, keepdims=True) + 1e-5) * w + w
+
+
 @pytest.mark.parametrize("n", [37, 64, 8200], ids=["scalar", "cached", "streamed"])
-def test_rms_norm_rows_whose_squares_overflow_on_cpu_emulation(emu, n):
-    """Finite rows with |x| > ~1.8e19 come out as the fp64 formula gives them (the kernel
-    redoes the row scaled by 1/max|x|), not 0; inf/NaN rows still hold NaN."""
-    x = _overflow_rows(n)
+@pytest.mark.parametrize("op", ["rms_norm", "layer_norm", "add_rms_norm", "add_layer_norm"])
+def test_norm_rows_whose_statistics_overflow_on_cpu_emulation(emu, op, n):
+    """Finite rows whose fp32 sums overflow come out as the fp64 formula gives them (the
+    kernel redoes the statistics on the row scaled by 1/max|x|, as the cpp backend's fp64
+    rows), not 0 (rms) or "y = bias" (layer); inf/NaN rows still hold NaN. The fused add's
+    x and residual are the halves of the rows (s is the row exactly)."""
+    rows = _overflow_rows(n)
     w = np.linspace(0.5, 1.5, n, dtype=np.float32)
+    parts = {"x": rows / 2, "r": rows / 2} if op.startswith("add_") else {"x": rows}
     dev = {}
-    for k, v in {"x": x, "w": w, "b": w}.items():
+    for k, v in {**parts, "w": w, "b": w}.items():
         t = _emu_empty(v.shape, "float32", 0)
         t.arr[...] = v
         dev[k] = t
-    y = _from_storage(_call("rms_norm", dev["x"], dev)).astype(np.float64)
-    x64 = x.astype(np.float64)
-    with np.errstate(over="ignore", invalid="ignore"):
-        want = x64 / np.sqrt((x64 * x64).mean(-1, keepdims=True) + 1e-6) * w
-    ok = [0, 1, 2, 5]
-    np.testing.assert_allclose(y[ok], want[ok], rtol=2e-5, atol=1e-6)
+    if op.startswith("add_"):
+        y, s = _add_call(op, dev)
+        np.testing.assert_array_equal(_from_storage(s), rows.astype(np.float64))
+    else:
+        y = _call(op, dev["x"], dev)
+    y = _from_storage(y).astype(np.float64)
+    want = _norm64(op, rows, w)
+    ok = [0, 1, 2, 5, 6]
+    np.testing.assert_allclose(y[ok], want[ok], rtol=2e-5, atol=1e-5)
     assert np.isnan(y[3]).any() and np.isnan(y[4]).all()
 
 
@@ -1039,29 +1058,6 @@ def test_add_norm_in_place_on_cpu_emulation(emu, op, shape):
     assert y is dev["x"] and s is dev["r"]
     np.testing.assert_array_equal(_from_storage(s), s_ref)
     np.testing.assert_allclose(_from_storage(y), ref, rtol=rtol, atol=atol)
-
-
-@pytest.mark.parametrize("n", [37, 64, 8200], ids=["scalar", "cached", "streamed"])
-def test_add_rms_norm_rows_whose_squares_overflow_on_cpu_emulation(emu, n):
-    """As test_rms_norm_rows_whose_squares_overflow_on_cpu_emulation for the fused kernel:
-    x and residual are the halves of the rows (s is the row exactly)."""
-    rows = _overflow_rows(n)
-    half = rows / 2
-    w = np.linspace(0.5, 1.5, n, dtype=np.float32)
-    dev = {}
-    for k, v in {"x": half, "r": half, "w": w, "b": w}.items():
-        t = _emu_empty(v.shape, "float32", 0)
-        t.arr[...] = v
-        dev[k] = t
-    y, s = _add_call("add_rms_norm", dev)
-    np.testing.assert_array_equal(_from_storage(s), rows.astype(np.float64))
-    y = _from_storage(y)
-    x64 = rows.astype(np.float64)
-    with np.errstate(over="ignore", invalid="ignore"):
-        want = x64 / np.sqrt((x64 * x64).mean(-1, keepdims=True) + 1e-6) * w
-    ok = [0, 1, 2, 5]
-    np.testing.assert_allclose(y[ok], want[ok], rtol=2e-5, atol=1e-6)
-    assert np.isnan(y[3]).any() and np.isnan(y[4]).all()
 
 
 @pytest.mark.parametrize("inplace", [False, True], ids=["out", "inplace"])
