@@ -76,3 +76,39 @@ def test_rms_norm_rows_whose_squares_overflow(backend, n, dtype, op):
     ok = [0, 1, 2, 5]
     np.testing.assert_allclose(y[ok], want[ok], rtol=rtol, atol=rtol)
     assert np.isnan(y[3]).any() and np.isnan(y[4]).all()
+
+
+@pytest.mark.parametrize("op", ["layer_norm", "add_layer_norm"])
+@pytest.mark.parametrize("n", [37, 4096])
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_layer_norm_rows_far_from_their_first_element_or_overflowing(backend, n, op):
+    """Two kinds of fp32 row where a shortcut in the variance shows: (1) one element far from
+    the mean (1e3 .. 3e4 in a row of N(0, 1)) - OpenCL's one-pass moments shifted by the
+    row's first element lost digits there (1.8e-2 absolute error, fixed by two passes); (2)
+    rows whose fp32 sum or centred squares overflow (|x - mean| > ~1.8e19, values near
+    FLT_MAX), which every backend redoes (in double, or scaled by a power of two). Both must
+    give the fp64 formula's values; the fused add's x and residual are the halves of the rows."""
+    import numpy as np
+
+    import tensor_ops as to
+    backend_impl(op, backend)
+    rows = np.random.default_rng(7).standard_normal((7, n))
+    rows[0, 0], rows[1, 0], rows[2, n // 2] = 1e3, 1e4, -3e4
+    rows[3, :3] = (1e20, -3e19, 2e19)
+    rows[4, :2] = (3e38, -1e38)
+    rows[5] *= 1e30
+    rows[6] = np.linspace(1e38, 3e38, n)
+    x = rows.astype(np.float32)
+    w = np.linspace(0.5, 1.5, n).astype(np.float32)
+    b = np.linspace(-1.0, 1.0, n).astype(np.float32)
+    with tt.strict(), np.errstate(over="ignore"):
+        if op == "layer_norm":
+            y = to.layer_norm(x, w, b, 1e-5, backend=backend)
+        else:
+            half = x / np.float32(2)
+            y, s = to.add_layer_norm(half, half, w, b, 1e-5, backend=backend)
+            np.testing.assert_array_equal(s, x)
+    x64 = x.astype(np.float64)
+    d = x64 - x64.mean(-1, keepdims=True)
+    want = d / np.sqrt((d * d).mean(-1, keepdims=True) + 1e-5) * w + b
+    np.testing.assert_allclose(y.astype(np.float64), want, rtol=1e-5, atol=1e-5)
