@@ -206,6 +206,35 @@ def test_rope_head_groups(C, dt, heads, T, n, shift):
         C.set_num_threads(nt)
 
 
+@pytest.mark.parametrize("dt", DTYPES)
+@pytest.mark.parametrize("heads,T,n", [(3, 7, 16), (2, 5, 32), (5, 9, 1024)])
+@pytest.mark.parametrize("shift", [1, 3, 8])
+def test_rope_staged_out_head_groups_every_dtype(C, dt, heads, T, n, shift):
+    """Head groups into an out= off its vector alignment (the staged path, simd.h StagedOut,
+    one stage per head of a group), bfloat16 included, rows from 16 to 1024 wide (the
+    stage's fp32 limit): every element right, both layouts, on 2 threads (each thread's part
+    starts and ends with a partial line), nothing outside out written (shift = elements past
+    a 64-byte line)."""
+    info, nt = C.build_info(), C.get_num_threads()
+    C._set_tuning(0, 0)
+    C.set_num_threads(2)
+    try:
+        cos, sin = rope_tables(T, n, seed=n)
+        x, x64, kw = as_dtype(np.random.default_rng(heads + n).standard_normal((heads, 3 * T, n)), dt)
+        buf = np.full(x.size + 128, 7, x.dtype)
+        start = (-buf.ctypes.data % 64) // buf.itemsize + shift
+        out = buf[start:start + x.size].reshape(x.shape)
+        for il in (False, True):
+            C.rope(x, cos, sin, il, out, **kw)
+            want = ref_rope(x64.reshape(-1, n), cos, sin, il).reshape(x.shape)
+            tol = {"float32": 2e-6, "float16": 1e-3, "bfloat16": 8e-3}[dt]
+            np.testing.assert_allclose(value(out, dt), want, rtol=tol, atol=2 * tol)
+            assert (buf[:start] == 7).all() and (buf[start + x.size:] == 7).all()
+    finally:
+        C._set_tuning(info["parallel_threshold_bytes"], info["nontemporal_threshold_bytes"])
+        C.set_num_threads(nt)
+
+
 def test_out_is_written_in_place_and_returned(C):
     x = np.random.default_rng(1).standard_normal((4, 40)).astype(np.float32)
     w = np.ones(40, np.float32)
