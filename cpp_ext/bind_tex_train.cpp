@@ -195,6 +195,33 @@ void sgd_step(const py::object& g_, const py::object& p_, const py::object& b_, 
     });
 }
 
+// out (float32 [n]) = the column sums of x (rows, n = x's last dim); see colsum_k.
+void col_sums(const py::object& x_, const py::object& out_, const py::object& dtype) {
+    const bool bf = parse_bf16(dtype);
+    Arr x = get(x_, "x", bf);
+    Arr o = get_f32(out_, "out", true);
+    int64_t rows, n;
+    rows_n(x, "x", rows, n);
+    if (o.size != n) shape_error("out must hold n = " + std::to_string(n) + " float32, got " + std::to_string(o.size));
+    auto k = g_k->colsum[x.dt];
+    const int es = ELSIZE[x.dt];
+    float* res = (float*)o.data;
+    py::gil_scoped_release nogil;
+    const int nth = threads_for(x.size * es, rows / 64 + 1);
+    std::unique_ptr<double[]> tot(new double[(size_t)nth * n]());
+    std::unique_ptr<float[]> blk(new float[(size_t)nth * n]);
+    // units of 64 rows: a thread's blocks are whole, so the fp32 block sums do not depend on the split
+    parallel_units((rows + 63) / 64, nth, [&](int64_t b, int64_t e, int t) {
+        const int64_t r0 = b * 64, r1 = e * 64 < rows ? e * 64 : rows;
+        k(x.data + r0 * n * es, r1 - r0, n, blk.get() + (size_t)t * n, tot.get() + (size_t)t * n);
+    });
+    for (int64_t i = 0; i < n; ++i) {
+        double s = 0.0;
+        for (int t = 0; t < nth; ++t) s += tot[(size_t)t * n + i];
+        res[i] = (float)s;
+    }
+}
+
 }  // namespace
 
 void register_tex_train(py::module_& m) {
@@ -218,6 +245,8 @@ void register_tex_train(py::module_& m) {
     m.def("sgd_step", &sgd_step, "g"_a, "p"_a, "buf"_a, "wd"_a, "momentum"_a, "dampening"_a, "lr"_a, "nesterov"_a,
           "first_run"_a, "wd_after"_a, "scale"_a, py::kw_only(), "dtype"_a = none,
           "One SGD step in place (apex/TE semantics).");
+    m.def("col_sums", &col_sums, "x"_a, "out"_a, py::kw_only(), "dtype"_a = none,
+          "out (float32 [n]) = column sums of x (rows, n): fp32 blocks of 64 rows, folded in fp64.");
 }
 
 }  // namespace to

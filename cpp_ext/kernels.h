@@ -99,6 +99,8 @@ struct KernelTable {
                             bool nt);
     // g, p, momentum buffer of one dtype; in place.
     void (*sgd[DT_COUNT])(const void* g, void* p, void* buf, int64_t n, const SgdParams* a);
+    // column sums of x (rows, n) added to tot (fp64 [n]); blk: fp32 [n] scratch.
+    void (*colsum[DT_COUNT])(const void* x, int64_t rows, int64_t n, float* blk, double* tot);
     // Autograd kernels (backward.cpp). Row-strided gated forms (strides in elements): the
     // two-operand layout of Hugging Face MLPs (gate and up projections in separate arrays)
     // and the facade's [a | b] halves (b = a + h, both strides 2h) are the same kernel.

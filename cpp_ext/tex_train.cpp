@@ -326,6 +326,41 @@ void trope_k(const void* xv, const float* cosp, const float* sinp, const int64_t
     if (nt) stream_fence();
 }
 
+// Column sums of x (rows, n), added to tot (fp64 [n]): cuBLASLt's BGRADB epilogue (the bias
+// gradient of a GEMM), which TE asks for on every Linear's weight-gradient GEMM. Rows are
+// streamed in order into fp32 sums of blocks of 64 rows (blk: fp32 [n] scratch, L1/L2-resident
+// for n up to ~16K), each block folded into fp64: a 64-term fp32 error bound whatever the row
+// count, at the speed of reading x (torch's sum(0): 8.2 ms at 4096x8192 fp32, 2 threads).
+template <class T>
+void colsum_k(const void* xv, int64_t rows, int64_t n, float* blk, double* tot) {
+    const T* x = (const T*)xv;
+    for (int64_t r0 = 0; r0 < rows; r0 += 64) {
+        const int64_t r1 = r0 + 64 < rows ? r0 + 64 : rows;
+        for (int64_t j = 0; j < n; j += W) {
+            const int64_t k = n - j < W ? n - j : W;
+            st(blk + j, ld(x + r0 * n + j, k), k);
+        }
+        int64_t r = r0 + 1;
+        for (; r + 4 <= r1; r += 4) {  // four rows per pass over blk: a quarter of its loads and stores
+            const T* xr = x + r * n;
+            for (int64_t j = 0; j < n; j += W) {
+                const int64_t k = n - j < W ? n - j : W;
+                V a = ld(xr + j, k) + ld(xr + n + j, k);
+                V b = ld(xr + 2 * n + j, k) + ld(xr + 3 * n + j, k);
+                st(blk + j, ld(blk + j, k) + (a + b), k);
+            }
+        }
+        for (; r < r1; ++r) {
+            const T* xr = x + r * n;
+            for (int64_t j = 0; j < n; j += W) {
+                const int64_t k = n - j < W ? n - j : W;
+                st(blk + j, ld(blk + j, k) + ld(xr + j, k), k);
+            }
+        }
+        for (int64_t j = 0; j < n; ++j) tot[j] += (double)blk[j];
+    }
+}
+
 // SGD (apex/TE): g = grad*scale [+ wd p]; momentum buffer; [+ wd p after]; p -= lr g.
 template <class T>
 void sgd_k(const void* gv, void* pv, void* bv, int64_t n, const SgdParams* a) {
@@ -361,6 +396,7 @@ void fill_t(KernelTable& t, int dt) {
     t.tsoftmax_bwd[dt] = tsoftmax_bwd_k<T>;
     t.trope[dt] = trope_k<T>;
     t.sgd[dt] = sgd_k<T>;
+    t.colsum[dt] = colsum_k<T>;
 }
 
 }  // namespace

@@ -152,6 +152,10 @@ def sgd_step(g: _Arr, p: _Arr, buf: _Arr, wd: float, momentum: float, dampening:
     """One SGD step in place (apex/TE multi_tensor_sgd): g*scale, weight decay before or after the
     momentum buffer (buf = g on the first run), Nesterov; g, p, buf of one dtype."""
 
+def col_sums(x: _Arr, out: _Arr, *, dtype: _BF16 = None) -> None:
+    """out (float32 [n]) = the column sums of x (rows, n = x's last dim): a GEMM's bias gradient
+    (cuBLASLt BGRADB). fp32 sums of blocks of 64 rows, folded in fp64."""
+
 # ---- runtime -----------------------------------------------------------------------------
 def set_num_threads(n: int) -> int:
     """Threads for the kernels (default: omp_get_max_threads(), i.e. OMP_NUM_THREADS).

@@ -103,21 +103,58 @@ def test_te_linear_call_sites(dtype):
     assert bgrad.dtype == dtype and bgrad.shape == (16,)
 
 
+@pytest.mark.parametrize("backend", T.backends_for("generic_gemm"))
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("otype", ["same", torch.float32])
-def test_bias_grad_rounds_once(dtype, otype):
+def test_bias_grad_rounds_once(backend, dtype, otype):
     """BGRADB of a 16-bit B: column sums accumulated in fp32, rounded once to otype (as cuBLASLt's
     epilogue), whether otype is B's dtype (torch's 16-bit sum, no fp32 copy of B) or fp32."""
     otype = dtype if otype == "same" else otype
     x, dy = T.rand((300, 24), dtype, seed=5), T.rand((300, 40), dtype, seed=6) * 3
     ws = torch.empty(32, dtype=torch.uint8)
-    _, bgrad, _, _ = general_gemm(x, dy, ws, out_dtype=otype, layout="NT", bias=torch.zeros(40, dtype=dtype),
-                                  grad=True)
+    with T.forced(backend):
+        _, bgrad, _, _ = general_gemm(x, dy, ws, out_dtype=otype, layout="NT", bias=torch.zeros(40, dtype=dtype),
+                                      grad=True)
     assert bgrad.dtype == otype
     exact = dy.double().sum(0)
     half_ulp = {torch.bfloat16: 2.0 ** -8, torch.float16: 2.0 ** -11, torch.float32: 2.0 ** -20}[otype]
     err = (bgrad.double() - exact).abs()
     assert (err <= half_ulp * exact.abs() + 1e-6).all(), err.max()   # one rounding, no 16-bit partial sums
+
+
+@pytest.mark.parametrize("dtype", DT)
+@pytest.mark.parametrize("rows,n", [(0, 5), (1, 1), (67, 17), (64, 40), (1000, 1030), (129, 4096)])
+def test_native_column_sums(dtype, rows, n):
+    """default.cpp's bias gradient (``_cpp.col_sums``): every remainder of its 64-row blocks, 4-row
+    steps and vector lanes, against fp64; error within a 64-term fp32 sum per block."""
+    from tensor_ops.backends import cpp
+    if not cpp.availability()[0]:
+        pytest.skip(cpp.availability()[1])
+    from tensor_ops.tex import _cpp_adapters as A
+    x = T.rand((rows, n), dtype, seed=rows + n) * 4 - 1
+    out = torch.full((n,), float("nan"))
+    cpp.native().col_sums(A._np(x), out.numpy(), dtype=A._kw(x))
+    exact = x.double().sum(0)
+    u = 2.0 ** -24
+    bound = 64 * u * x.double().abs().sum(0) + u * exact.abs()
+    assert ((out.double() - exact).abs() <= bound).all(), (out.double() - exact).abs().max()
+
+
+def test_native_column_sums_fold_blocks_in_fp64():
+    """A column of 2^26 and then ones: an fp32 running sum drops every 1 (2^26 + 4 rounds to 2^26,
+    even four at a time); the blocked sum loses at most the first block's 63 and adds the other
+    blocks exactly in fp64 (a plain fp32 sum is 1024 off here)."""
+    from tensor_ops.backends import cpp
+    if not cpp.availability()[0]:
+        pytest.skip(cpp.availability()[1])
+    x = torch.ones(1025, 3)
+    x[0] = 2.0 ** 26
+    out = torch.empty(3)
+    cpp.native().col_sums(x.numpy(), out.numpy())
+    err = (out.double() - (2.0 ** 26 + 1024)).abs()
+    assert (err <= 63 + 8).all(), out     # + 8: the result's own rounding (fp32 spacing at 2^26)
+    with pytest.raises(ValueError, match="out must hold n = 3"):
+        cpp.native().col_sums(x.numpy(), torch.empty(4).numpy())
 
 
 def test_accumulate_alpha_beta_and_inplace():

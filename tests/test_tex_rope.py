@@ -48,6 +48,36 @@ def test_rope(backend, dtype, fmt, interleaved, d2, start):
     T.assert_close(dx, gx)
 
 
+@pytest.mark.parametrize("backend", T.backends_for("fused_rope_forward"))
+def test_rope_tables_follow_freqs(backend):
+    """default.cpp keeps the cos/sin tables of the last freqs tensor (a model's layers share one):
+    reusing it, writing it in place, a new tensor with other values, an inference tensor (no
+    version counter) and a freqs that requires grad each give the oracle's result."""
+    fmt = tex.NVTE_QKV_Format.NVTE_SBHD
+    x = T.rand((9, 2, 3, 16), torch.float32, seed=3)
+
+    def check(freqs):
+        with T.forced(backend):
+            y = tex.fused_rope_forward(x, freqs, None, fmt, False, None, 1, 0)
+            dx = tex.fused_rope_backward(x, freqs, None, fmt, False, None, 1, 0)
+        ref, (gx,) = T.grads(lambda v: T.rope(v, freqs.detach(), "sbhd", False, None, None), [x], x)
+        T.assert_close(y, ref)
+        T.assert_close(dx, gx)
+
+    freqs = _freqs(9, 16, False)
+    check(freqs)
+    check(freqs)
+    freqs.mul_(0.5)            # in place: same object, new version
+    check(freqs)
+    freqs[3] = 1.25            # through a view: the version counter is shared
+    check(freqs)
+    check(freqs * 2)
+    with torch.inference_mode():
+        fi = _freqs(9, 16, False) * 3
+    check(fi)
+    check(_freqs(9, 16, False).requires_grad_(True))
+
+
 @pytest.mark.parametrize("fmt", ["sbhd", "thd"])
 def test_rope_context_parallel(fmt):
     cp_size, d = 2, 16

@@ -14,53 +14,11 @@ from typing import Any, Callable
 
 import torch
 
+from . import _cpp_train
+from ._cpp_base import _BF16, _F16, _F32, _I16, _NP_DT, _OK, _empty, _empty_like, _flat, _kw, _native, _np, _plain  # noqa: F401
+
 NAME = "cpp"
 IMPL_ID = "default.cpp"
-_F32, _F16, _BF16 = torch.float32, torch.float16, torch.bfloat16
-_OK = (_F32, _F16, _BF16)
-_I16 = torch.int16
-
-
-def _native():
-    from tensor_ops.backends import cpp
-    return cpp.native()
-
-
-def _np(t):
-    if t.dtype is _BF16:
-        return t.detach().view(_I16).numpy()
-    return t.detach().numpy()
-
-
-_NP_DT = {_F32: "float32", _F16: "float16", _BF16: "int16"}
-_BIG = 1 << 20  # the cpp module's block cache serves outputs from 1 MiB on
-
-
-def _empty(shape, dtype):
-    """A new CPU tensor; large ones come from the cpp module's output block cache (zero-copy
-    through NumPy): a freed output goes back to it and the next one of that size is already
-    mapped, instead of page-faulting a new buffer every call (8192x4096 rmsnorm_fwd,
-    `benchmarks/bench_tex.py --stat min`: fp32 14.1 -> 7.8 ms, bf16 7.5 -> 3.6 ms, the same
-    as writing into a reused ln_out). The tensor's storage is not resizable."""
-    n = math.prod(shape)
-    if n * (4 if dtype is _F32 else 2) < _BIG:
-        return torch.empty(shape, dtype=dtype)
-    t = torch.from_numpy(_native().empty(tuple(shape), _NP_DT[dtype]))
-    return t.view(_BF16) if dtype is _BF16 else t
-
-
-def _empty_like(t):
-    return _empty(tuple(t.shape), t.dtype)
-
-
-def _kw(*ts):
-    return "bfloat16" if any(t is not None and t.dtype is _BF16 for t in ts) else None
-
-
-def _plain(t, dtype=None) -> bool:
-    """CPU, C-contiguous, one of the kernel dtypes (or exactly ``dtype``)."""
-    return (type(t) is torch.Tensor or isinstance(t, torch.Tensor)) and t.device.type == "cpu" and \
-        (t.dtype is dtype if dtype is not None else t.dtype in _OK) and t.is_contiguous()
 
 
 # ---------------------------------------------------------------- norms
@@ -158,10 +116,6 @@ def _glu(kernel, **extra):
 
 # ---------------------------------------------------------------- multi-tensor
 
-def _flat(t):
-    return _np(t).reshape(-1)
-
-
 def _no_fp16_bf16_mix(*ts):
     dts = {t.dtype for t in ts}
     return not (_F16 in dts and _BF16 in dts)  # one dtype= flag per call cannot say both
@@ -237,141 +191,9 @@ def multi_tensor_unscale_l2norm(chunk_size, noop_flag, tensor_lists, inv_scale, 
     return _l2(noop_flag, tensor_lists[0], per_tensor, s * s)
 
 
-# ---------------------------------------------------------------- training: activation derivatives
-
-_DACT = {"gelu": "gelu", "silu": "silu", "relu": "relu", "qgelu": "qgelu", "srelu": "srelu"}
-_DGLU = {"geglu": "gelu", "swiglu": "silu", "reglu": "relu", "qgeglu": "qgelu", "sreglu": "srelu", "glu": "sigmoid"}
-
-
-def _sup_dact(grad, fwd_input, quantizer):
-    return _plain(fwd_input) and _plain(grad, fwd_input.dtype)
-
-
-def _dact(kind):
-    def fn(grad, fwd_input, quantizer):
-        k = _native()
-        out = _empty_like(fwd_input)
-        k.dact(_np(grad), _np(fwd_input), _np(out), k.DACT_CODES[kind], dtype=_kw(fwd_input))
-        return out
-    return fn
-
-
-def _dbias_dact(kind):
-    def fn(grad, fwd_input, quantizer):
-        k = _native()
-        out = _empty_like(fwd_input)
-        h = fwd_input.shape[-1]
-        db = torch.zeros(h, dtype=_F32)
-        k.dact(_np(grad), _np(fwd_input), _np(out), k.DACT_CODES[kind], dbias=db.numpy(), dtype=_kw(fwd_input))
-        return [db.to(grad.dtype), out]
-    return fn
-
-
-def _dglu(kind):
-    def fn(grad, fwd_input, quantizer):
-        k = _native()
-        out = _empty_like(fwd_input)
-        k.dglu(_np(grad), _np(fwd_input), _np(out), k.DACT_CODES[kind], dtype=_kw(fwd_input))
-        return out
-    return fn
-
-
-# ---------------------------------------------------------------- training: TE's softmax family
-
-_SM_PLAIN, _SM_MASK, _SM_CAUSAL = 0, 1, 2
-
-
-def _softmax_run(x, mode, scale, mask=None, heads=1, sq=1, causal_off=0):
-    out = _empty_like(x)
-    _native().tex_softmax(_np(x), _np(out), scale, mode, mask, heads, sq, causal_off, dtype=_kw(x))
-    return out
-
-
-def _sup_sm(input, scale):
-    return _plain(input)
-
-
-def tex_scaled_softmax_forward(input, scale):
-    return _softmax_run(input, _SM_PLAIN, scale)
-
-
-def _sup_masked(input, mask, scale):
-    return _plain(input) and mask.device.type == "cpu" and mask.is_contiguous() and \
-        mask.dtype in (torch.uint8, torch.bool)
-
-
-def scaled_masked_softmax_forward(input, mask, scale):
-    b, h, sq, sk = input.shape
-    m = mask.view(torch.uint8) if mask.dtype is torch.bool else mask
-    return _softmax_run(input, _SM_MASK, scale, m.detach().numpy(), heads=h, sq=sq)
-
-
-def scaled_upper_triang_masked_softmax_forward(input, scale):
-    return _softmax_run(input, _SM_CAUSAL, scale, sq=input.shape[1])
-
-
-def scaled_aligned_causal_masked_softmax_forward(input, scale):
-    sq, sk = input.shape[-2:]
-    return _softmax_run(input, _SM_CAUSAL, scale, sq=sq, causal_off=sk - sq)
-
-
-def _sup_sm_bwd(dy, y, scale):
-    return _plain(y) and _plain(dy, y.dtype)
-
-
-def scaled_softmax_backward(output_grads, softmax_results, scale):
-    out = _empty_like(softmax_results)
-    _native().tex_softmax_bwd(_np(output_grads), _np(softmax_results), _np(out), scale, dtype=_kw(softmax_results))
-    return out
-
-
-# ---------------------------------------------------------------- training: fused RoPE
-
-
-def _sup_rope(x, freqs, start_positions, qkv_format, interleaved, cu_seqlens, cp_size, cp_rank):
-    return _plain(x) and freqs.device.type == "cpu"
-
-
-def _rope(transpose):
-    def fn(x, freqs, start_positions, qkv_format, interleaved, cu_seqlens, cp_size, cp_rank):
-        from ._rope import _positions
-        d2 = freqs.shape[-1]
-        f = freqs.reshape(freqs.shape[0], d2).float()
-        pos = _positions(x, qkv_format, start_positions, cu_seqlens, cp_size, cp_rank)
-        pos = pos.contiguous().reshape(-1).to(torch.int64)
-        heads = x.shape[-2]
-        out = _empty_like(x)
-        _native().tex_rope(_np(x), torch.cos(f).numpy(), torch.sin(f).numpy(), pos.numpy(), _np(out), heads,
-                           bool(interleaved), transpose, dtype=_kw(x))
-        return out
-    return fn
-
-
-# ---------------------------------------------------------------- training: SGD
-
-
-def _sup_sgd(chunk, noop, lists, wd, momentum, dampening, lr, nesterov, first_run, wd_after, scale):
-    if len(lists) != 3:   # the fp16 model copies of a 4th list: the reference
-        return False
-    for g, p, b in zip(*lists):
-        if not (_plain(p) and _plain(g, p.dtype) and _plain(b, p.dtype)):
-            return False
-    return True
-
-
-def multi_tensor_sgd(chunk_size, noop_flag, tensor_lists, wd, momentum, dampening, lr, nesterov, first_run,
-                     wd_after_momentum, scale):
-    if bool(noop_flag.reshape(-1)[0] != 0):
-        return
-    k = _native().sgd_step
-    for g, p, b in zip(*tensor_lists):
-        k(_flat(g), _flat(p), _flat(b), wd, momentum, dampening, lr, nesterov, first_run, wd_after_momentum, scale,
-          dtype=_kw(p))
-
-
 # ---------------------------------------------------------------- registration
 
-#: tex op → (adapter, supports, native function it needs)
+#: tex op → (adapter, supports, native function it needs); the training side's from _cpp_train
 ADAPTERS: dict[str, tuple[Callable[..., Any], Callable[..., bool], str]] = {
     "rmsnorm_fwd": (rmsnorm_fwd, _sup_rms_fwd, "rms_norm"),
     "layernorm_fwd": (layernorm_fwd, _sup_ln_fwd, "layer_norm"),
@@ -383,25 +205,11 @@ ADAPTERS: dict[str, tuple[Callable[..., Any], Callable[..., bool], str]] = {
     "relu": (_unary("relu"), _sup_act, "relu"),
     "swiglu": (_glu("swiglu"), _sup_act, "swiglu"),
     "geglu": (_glu("geglu", approximate="tanh"), _sup_act, "geglu"),
-    "scaled_softmax_forward": (tex_scaled_softmax_forward, _sup_sm, "tex_softmax"),
     "multi_tensor_adam": (multi_tensor_adam, _sup_adam, "adam_step"),
     "multi_tensor_scale": (multi_tensor_scale, _sup_scale, "scale"),
     "multi_tensor_l2norm": (multi_tensor_l2norm, _sup_l2, "l2norm_sq"),
     "multi_tensor_unscale_l2norm": (multi_tensor_unscale_l2norm, _sup_l2, "l2norm_sq"),
-    # training kernels (cpp_ext/tex_train.cpp)
-    **{"d" + op: (_dact(kind), _sup_dact, "dact") for op, kind in _DACT.items()},
-    **{"dbias_d" + op: (_dbias_dact(kind), _sup_dact, "dact") for op, kind in _DACT.items()},
-    **{"d" + op: (_dglu(kind), _sup_dact, "dglu") for op, kind in _DGLU.items()},
-    "scaled_masked_softmax_forward": (scaled_masked_softmax_forward, _sup_masked, "tex_softmax"),
-    "scaled_upper_triang_masked_softmax_forward": (scaled_upper_triang_masked_softmax_forward, _sup_sm, "tex_softmax"),
-    "scaled_aligned_causal_masked_softmax_forward": (scaled_aligned_causal_masked_softmax_forward, _sup_sm,
-                                                     "tex_softmax"),
-    **{op: (scaled_softmax_backward, _sup_sm_bwd, "tex_softmax_bwd")
-       for op in ("scaled_softmax_backward", "scaled_masked_softmax_backward",
-                  "scaled_upper_triang_masked_softmax_backward", "scaled_aligned_causal_masked_softmax_backward")},
-    "fused_rope_forward": (_rope(False), _sup_rope, "tex_rope"),
-    "fused_rope_backward": (_rope(True), _sup_rope, "tex_rope"),
-    "multi_tensor_sgd": (multi_tensor_sgd, _sup_sgd, "sgd_step"),
+    **_cpp_train.ADAPTERS,
 }
 HOT_OPS = tuple(ADAPTERS)
 

@@ -52,7 +52,7 @@ def _torch_forward(x: Tensor, scale: float, causal_offset: Optional[int]) -> Ten
 def _scaled_softmax(x, scale, causal_offset=None):
     if not _native_ok(x):
         return _torch_forward(x, scale, causal_offset)
-    from ..tex import _cpp_adapters as A
+    from ..tex import _cpp_train as A
     sq = x.shape[-2] if causal_offset is not None else 1
     mode = _PLAIN if causal_offset is None else _CAUSAL
     return A._softmax_run(x, mode, float(scale), sq=sq, causal_off=int(causal_offset or 0))
