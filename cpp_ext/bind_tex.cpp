@@ -39,17 +39,18 @@ py::tuple norm_bwd(bool layer, const py::object& dz_, const py::object& x_, cons
     if (layer) rdb = get_out(db_, g, db, bf, "dbeta");
     const int es = ELSIZE[x.dt];
     const int64_t bytes = 3 * x.size * es;
-    const int nth = rows ? threads_for(bytes, rows) : 1;
+    const int64_t groups = row_groups(rows);
+    const int nth = rows ? threads_for(bytes, groups) : 1;
     const int nacc = layer ? 2 : 1;
     const bool nt = use_nt(x.size * es);
-    std::unique_ptr<float[]> acc(new float[(size_t)nth * nacc * (size_t)n + 1]);
+    std::unique_ptr<float[]> acc(new float[(size_t)groups * nacc * (size_t)n + 1]);
     {
         py::gil_scoped_release nogil;
-        std::memset(acc.get(), 0, sizeof(float) * (size_t)nth * nacc * (size_t)n);
+        std::memset(acc.get(), 0, sizeof(float) * (size_t)groups * nacc * (size_t)n);
         float* A = acc.get();
         if (rows) {
             const float* rsp = (const float*)rs.data;
-            parallel_units(rows, nth, [&](int64_t b, int64_t e, int t) {
+            parallel_row_groups(rows, nth, [&](int64_t b, int64_t e, int64_t t, int) {  // t: the row group
                 float* dga = A + (size_t)t * nacc * n;
                 if (layer)
                     g_k->layer_norm_bwd[x.dt](dz.data + b * n * es, x.data + b * n * es, mu + b, rsp + b, g.data,
@@ -59,7 +60,7 @@ py::tuple norm_bwd(bool layer, const py::object& dz_, const py::object& x_, cons
                                             dx.data + b * n * es, dga, e - b, n, zc, nt);
             });
         }
-        for (int t = 1; t < nth; ++t)
+        for (int64_t t = 1; t < groups; ++t)  // in group order: the same sums whatever the threads
             for (int64_t i = 0; i < nacc * n; ++i) A[i] += A[(size_t)t * nacc * n + i];
         g_k->from_f32[x.dt](A, dg.data, n);
         if (layer) g_k->from_f32[x.dt](A + n, db.data, n);
@@ -129,11 +130,16 @@ double l2norm_sq(const py::object& x_, const py::object& dtype) {
     if (x.size == 0) return 0.0;
     auto k = g_k->sumsq[x.dt];
     const int es = ELSIZE[x.dt];
-    double part[256] = {0};
+    // fixed groups of 1024-element blocks, added in group order: the same bits on every call
+    const int64_t blocks = (x.size + 1023) / 1024, groups = row_groups(blocks);
+    double part[32] = {0};
     py::gil_scoped_release nogil;
-    parallel_flat(x.size, x.size * es, [&](int64_t b, int64_t e, int t) { part[t & 255] += k(x.data + b * es, e - b); });
+    parallel_row_groups(blocks, threads_for(x.size * es, groups), [&](int64_t b, int64_t e, int64_t g, int) {
+        const int64_t lo = b * 1024, hi = e * 1024 < x.size ? e * 1024 : x.size;
+        part[g] = k(x.data + lo * es, hi - lo);
+    });
     double s = 0.0;
-    for (int i = 0; i < 256; ++i) s += part[i];
+    for (int64_t g = 0; g < groups; ++g) s += part[g];
     return s;
 }
 

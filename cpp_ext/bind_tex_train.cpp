@@ -68,14 +68,14 @@ void dact(const py::object& g_, const py::object& x_, const py::object& out_, in
         });
         return;
     }
-    const int nth = threads_for(bytes, rows);
-    std::unique_ptr<float[]> part(new float[(size_t)nth * n]());
-    parallel_units(rows, nth, [&](int64_t b, int64_t e, int t) {
+    const int64_t groups = row_groups(rows);
+    std::unique_ptr<float[]> part(new float[(size_t)groups * n]());
+    parallel_row_groups(rows, threads_for(bytes, groups), [&](int64_t b, int64_t e, int64_t t, int) {  // t: the row group
         k(g.data + b * n * es, x.data + b * n * es, o.data + b * n * es, e - b, n, part.get() + (size_t)t * n, nt);
     });
-    for (int64_t i = 0; i < n; ++i) {
+    for (int64_t i = 0; i < n; ++i) {  // in group order: the same sums whatever the threads
         float s = 0.f;
-        for (int t = 0; t < nth; ++t) s += part[(size_t)t * n + i];
+        for (int64_t t = 0; t < groups; ++t) s += part[(size_t)t * n + i];
         acc[i] = s;
     }
 }
@@ -207,17 +207,16 @@ void col_sums(const py::object& x_, const py::object& out_, const py::object& dt
     const int es = ELSIZE[x.dt];
     float* res = (float*)o.data;
     py::gil_scoped_release nogil;
-    const int nth = threads_for(x.size * es, rows / 64 + 1);
-    std::unique_ptr<double[]> tot(new double[(size_t)nth * n]());
+    const int64_t groups = row_groups(rows);
+    const int nth = threads_for(x.size * es, groups);
+    std::unique_ptr<double[]> tot(new double[(size_t)groups * n]());
     std::unique_ptr<float[]> blk(new float[(size_t)nth * n]);
-    // units of 64 rows: a thread's blocks are whole, so the fp32 block sums do not depend on the split
-    parallel_units((rows + 63) / 64, nth, [&](int64_t b, int64_t e, int t) {
-        const int64_t r0 = b * 64, r1 = e * 64 < rows ? e * 64 : rows;
-        k(x.data + r0 * n * es, r1 - r0, n, blk.get() + (size_t)t * n, tot.get() + (size_t)t * n);
+    parallel_row_groups(rows, nth, [&](int64_t r0, int64_t r1, int64_t g, int t) {
+        k(x.data + r0 * n * es, r1 - r0, n, blk.get() + (size_t)t * n, tot.get() + (size_t)g * n);
     });
-    for (int64_t i = 0; i < n; ++i) {
+    for (int64_t i = 0; i < n; ++i) {  // in group order: the same sums whatever the threads
         double s = 0.0;
-        for (int t = 0; t < nth; ++t) s += tot[(size_t)t * n + i];
+        for (int64_t g = 0; g < groups; ++g) s += tot[(size_t)g * n + i];
         res[i] = (float)s;
     }
 }

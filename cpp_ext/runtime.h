@@ -100,4 +100,26 @@ void parallel_flat(int64_t count, int64_t bytes, const F& f) {
     });
 }
 
+// Column reductions over rows (norm backward's dgamma/dbeta, the dbias of the d-activations)
+// whose result must not depend on the threads: per-thread partials, with chunks claimed
+// dynamically (run_parallel), summed rows in a different order every call - run-to-run
+// different dgamma in the last bits. Instead the rows are cut into row_groups(rows) fixed
+// groups, which depend on the row count alone; f(r0, r1, g, t) accumulates group g's rows, in
+// order, into the caller's slot g (t: the thread, for scratch), and the caller adds the slots
+// in group order.
+inline int64_t row_groups(int64_t rows) {
+    const int64_t g = rows / 16;  // groups of >= 16 rows, at most 32 slots to add
+    return g < 1 ? 1 : (g > 32 ? 32 : g);
+}
+template <class F>
+void parallel_row_groups(int64_t rows, int nt, const F& f) {
+    const int64_t groups = row_groups(rows), per = (rows + groups - 1) / groups;
+    parallel_units(groups, nt, [&](int64_t b, int64_t e, int t) {
+        for (int64_t g = b; g < e; ++g) {
+            const int64_t r0 = g * per, r1 = r0 + per < rows ? r0 + per : rows;
+            if (r0 < r1) f(r0, r1, g, t);
+        }
+    });
+}
+
 }  // namespace to

@@ -50,7 +50,8 @@ inline V dact_v(V x) {
 }
 
 // v rounded to T's precision (and back to fp32): the bias gradient sums the values the output
-// holds, as TE's dbias of the stored d-activation does.
+// holds, as TE's dbias of the stored d-activation does. (Converting in registers instead of
+// through this stack buffer measured the same: 1.00x, bf16 dbias_dgelu, in-process A/B.)
 template <class T>
 inline V as_stored(V v) {
     if (sizeof(T) == sizeof(float)) return v;
