@@ -166,6 +166,15 @@ def test_layernorm_bwd_threads_and_streaming(dt):
             torch.testing.assert_close(a.float(), r.float(), rtol=TOL[dt]["rtol"], atol=TOL[dt]["atol"] * 8)
 
 
+def _in_threads(target, args_list):
+    """target(*args) on one Python thread per args, all started before any is joined."""
+    ts = [threading.Thread(target=target, args=a) for a in args_list]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join()
+
+
 @pytest.mark.parametrize("dt", DTYPES, ids=["fp32", "fp16", "bf16"])
 def test_column_reductions_are_deterministic(dt):
     """The reductions over rows - layernorm_bwd's dgamma/dbeta, rmsnorm_bwd's dgamma, dbias_d*'s
@@ -209,11 +218,7 @@ def test_column_reductions_are_deterministic(dt):
                 with T.forced("cpp"):
                     for k, f in calls.items():
                         got[k].append(f())
-            ts = [threading.Thread(target=work) for _ in range(3)]
-            for t in ts:
-                t.start()
-            for t in ts:
-                t.join()
+            _in_threads(work, [()] * 3)
     finally:
         C.set_num_threads(old)
     for k, runs in got.items():
@@ -247,11 +252,7 @@ def test_norms_from_concurrent_threads():
     old = C.get_num_threads()
     C.set_num_threads(2)
     try:
-        ts = [threading.Thread(target=work, args=(i,)) for i in range(len(cases))]
-        for t in ts:
-            t.start()
-        for t in ts:
-            t.join()
+        _in_threads(work, [(i,) for i in range(len(cases))])
     finally:
         C.set_num_threads(old)
     assert not errors, errors

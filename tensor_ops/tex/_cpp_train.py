@@ -23,11 +23,12 @@ def _sup_dact(grad, fwd_input, quantizer):
     return _plain(fwd_input) and _plain(grad, fwd_input.dtype)
 
 
-def _dact(kind):
+def _deriv(kernel, kind):
+    """``dact`` (the plain derivatives) or ``dglu`` (the gated ones) into a fresh output."""
     def fn(grad, fwd_input, quantizer):
         k = _native()
         out = _empty_like(fwd_input)
-        k.dact(_np(grad), _np(fwd_input), _np(out), k.DACT_CODES[kind], dtype=_kw(fwd_input))
+        getattr(k, kernel)(_np(grad), _np(fwd_input), _np(out), k.DACT_CODES[kind], dtype=_kw(fwd_input))
         return out
     return fn
 
@@ -40,15 +41,6 @@ def _dbias_dact(kind):
         db = torch.zeros(h, dtype=_F32)
         k.dact(_np(grad), _np(fwd_input), _np(out), k.DACT_CODES[kind], dbias=db.numpy(), dtype=_kw(fwd_input))
         return [db.to(grad.dtype), out]
-    return fn
-
-
-def _dglu(kind):
-    def fn(grad, fwd_input, quantizer):
-        k = _native()
-        out = _empty_like(fwd_input)
-        k.dglu(_np(grad), _np(fwd_input), _np(out), k.DACT_CODES[kind], dtype=_kw(fwd_input))
-        return out
     return fn
 
 
@@ -202,9 +194,9 @@ def generic_gemm(*args):
 #: tex op → (adapter, supports, native function it needs); ``_cpp_adapters.ADAPTERS`` includes these
 ADAPTERS: dict[str, tuple[Callable[..., Any], Callable[..., bool], str]] = {
     "scaled_softmax_forward": (tex_scaled_softmax_forward, _sup_sm, "tex_softmax"),
-    **{"d" + op: (_dact(kind), _sup_dact, "dact") for op, kind in _DACT.items()},
+    **{"d" + op: (_deriv("dact", kind), _sup_dact, "dact") for op, kind in _DACT.items()},
     **{"dbias_d" + op: (_dbias_dact(kind), _sup_dact, "dact") for op, kind in _DACT.items()},
-    **{"d" + op: (_dglu(kind), _sup_dact, "dglu") for op, kind in _DGLU.items()},
+    **{"d" + op: (_deriv("dglu", kind), _sup_dact, "dglu") for op, kind in _DGLU.items()},
     "scaled_masked_softmax_forward": (scaled_masked_softmax_forward, _sup_masked, "tex_softmax"),
     "scaled_upper_triang_masked_softmax_forward": (scaled_upper_triang_masked_softmax_forward, _sup_sm, "tex_softmax"),
     "scaled_aligned_causal_masked_softmax_forward": (scaled_aligned_causal_masked_softmax_forward, _sup_sm,
