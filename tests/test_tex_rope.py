@@ -50,9 +50,11 @@ def test_rope(backend, dtype, fmt, interleaved, d2, start):
 
 @pytest.mark.parametrize("backend", T.backends_for("fused_rope_forward"))
 def test_rope_tables_follow_freqs(backend):
-    """default.cpp keeps the cos/sin tables of the last freqs tensor (a model's layers share one):
-    reusing it, writing it in place, a new tensor with other values, an inference tensor (no
-    version counter) and a freqs that requires grad each give the oracle's result."""
+    """default.cpp keeps the cos/sin tables of the last freqs (a model's layers share one): reusing
+    it, writing it in place (directly or through a view: its version counter moves), a new tensor
+    with other values or with the same values, -0.0 written over 0.0, an inference tensor (no
+    version counter: compared by value) and a freqs that requires grad each give the oracle's
+    result."""
     fmt = tex.NVTE_QKV_Format.NVTE_SBHD
     x = T.rand((9, 2, 3, 16), torch.float32, seed=3)
 
@@ -71,9 +73,15 @@ def test_rope_tables_follow_freqs(backend):
     check(freqs)
     freqs[3] = 1.25            # through a view: the version counter is shared
     check(freqs)
+    freqs[0] = -0.0            # sin(-0.0) = -0.0
+    check(freqs)
     check(freqs * 2)
+    check(freqs * 2)           # a new tensor, the same bits
     with torch.inference_mode():
         fi = _freqs(9, 16, False) * 3
+    check(fi)
+    with torch.inference_mode():
+        fi[1] = 0.5            # in place on an inference tensor: found by the value comparison
     check(fi)
     check(_freqs(9, 16, False).requires_grad_(True))
 

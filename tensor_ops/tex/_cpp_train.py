@@ -101,34 +101,33 @@ def _sup_rope(x, freqs, start_positions, qkv_format, interleaved, cu_seqlens, cp
 
 
 class _Tables:
-    """cos/sin of the last ``freqs`` tensor rotated by, as (P, d2) fp32 arrays. A model's layers
-    (and each layer's q and k, forward and backward) rotate by one freqs tensor per step, and
-    the tables cost ~1.4 ms of a ~9 ms (8192, 1, 32, 128) fp32 call. Kept for that tensor
-    object while its version counter is unchanged (an in-place write recomputes them) and
-    dropped when it dies; inference tensors have no version counter and are never kept."""
+    """cos/sin of the last ``freqs`` rotated by, as (P, d2) fp32 arrays. A model's layers (and
+    each layer's q and k, forward and backward) rotate by one freqs per step, and the tables
+    cost ~1.4 ms of a ~9 ms (8192, 1, 32, 128) fp32 call. Reused for the same tensor while its
+    version counter is unchanged (PyTorch's own rule for in-place writes: like autograd, this
+    does not see writes through ``.data``), and for another tensor holding the same bits (a
+    freqs rebuilt every step; the comparison costs ~0.35 ms, so the same tensor skips it).
+    Tables over 64 MiB are not kept."""
 
-    entry = None   # (weakref to freqs, its _version, its shape, cos, sin)
+    entry = None   # (weakref to the freqs, its _version, its bits as (P, d2) int32, cos, sin)
 
     @classmethod
     def get(cls, freqs):
         try:
             ver = freqs._version
-        except RuntimeError:   # an inference tensor
+        except RuntimeError:   # an inference tensor: no version counter, compared by value
             ver = None
         e = cls.entry
-        if ver is not None and e is not None and e[0]() is freqs and e[1] == ver and e[2] == freqs.shape:
+        if e is not None and ver is not None and e[0]() is freqs and e[1] == ver:
             return e[3], e[4]
         f = freqs.detach().reshape(freqs.shape[0], freqs.shape[-1]).float()
-        c, s = torch.cos(f).numpy(), torch.sin(f).numpy()
-        if ver is not None:
-            cls.entry = (weakref.ref(freqs, cls._drop), ver, freqs.shape, c, s)
+        bits = f.view(torch.int32)      # bitwise: -0.0 vs 0.0 (sin's sign) and NaNs compare exactly
+        if e is not None and e[2].shape == bits.shape and torch.equal(e[2], bits):
+            kept, c, s = e[2], e[3], e[4]
+        else:
+            kept, c, s = bits.clone(), torch.cos(f).numpy(), torch.sin(f).numpy()
+        cls.entry = (weakref.ref(freqs), ver, kept, c, s) if 2 * c.nbytes <= 64 << 20 else None
         return c, s
-
-    @classmethod
-    def _drop(cls, ref):
-        e = cls.entry
-        if e is not None and e[0] is ref:
-            cls.entry = None
 
 
 def _rope(transpose):
