@@ -130,7 +130,7 @@ def test_native_column_sums(dtype, rows, n):
     from tensor_ops.backends import cpp
     if not cpp.availability()[0]:
         pytest.skip(cpp.availability()[1])
-    from tensor_ops.tex import _cpp_adapters as A
+    from tensor_ops.tex import _cpp_base as A
     x = T.rand((rows, n), dtype, seed=rows + n) * 4 - 1
     out = torch.full((n,), float("nan"))
     cpp.native().col_sums(A._np(x), out.numpy(), dtype=A._kw(x))

@@ -183,7 +183,7 @@ def test_column_reductions_are_deterministic(dt):
     from concurrent callers (a caller that finds the pool busy runs alone). Before: per-thread
     partials over dynamically claimed chunks; repeated calls differed in the last bits (fp32
     dbias_dgelu at 8192x4096: up to 8e-4; the l2norm case gave 2 different sums in 12 calls)."""
-    from tensor_ops.tex import _cpp_adapters as A
+    from tensor_ops.tex import _cpp_base as A
     C = _native()
     rows, h = 1500, 520
     x, w, b, dz = _ln_case(dt, rows, h, seed=5)

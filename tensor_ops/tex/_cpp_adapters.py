@@ -15,7 +15,7 @@ from typing import Any, Callable
 import torch
 
 from . import _cpp_train
-from ._cpp_base import _BF16, _F16, _F32, _I16, _NP_DT, _OK, _empty, _empty_like, _flat, _kw, _native, _np, _plain  # noqa: F401
+from ._cpp_base import _BF16, _F16, _F32, _empty, _empty_like, _flat, _kw, _native, _np, _plain
 
 NAME = "cpp"
 IMPL_ID = "default.cpp"
