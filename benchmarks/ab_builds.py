@@ -12,6 +12,14 @@ its own thread pool and output cache).
     python benchmarks/ab_builds.py /tmp/base/tensor_ops/_cpp.*.so --ops rms_norm softmax \\
         --dtypes float32 bfloat16
 
+Where a build's arrays land matters too: the same module timed on different out= arrays of
+the same shape (each from its own ``np.empty``) differed by up to 17 % in one process (fp32
+softmax, 6.7 vs 7.9 ms; not huge pages: NumPy's arrays here get them). ``--copies N``
+(default 2) loads N copies of each build (each its own module, arrays, heap and thread
+stacks) and times them all in the same rounds: a build's time per round is the mean over its
+copies, and the per-copy medians are printed, so a placement effect shows as copies that
+disagree instead of as a speed-up.
+
 The cases are the benchmark's own (``_bench_cases.bench_case``: (rows, 4096), rope (32, rows,
 128)), ``out=`` given as ``np.empty`` gives it (16 bytes past a 64-byte boundary).
 """
@@ -20,8 +28,10 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import os
+import shutil
 import statistics
 import sys
+import tempfile
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -32,9 +42,16 @@ from tensor_ops import _bench  # noqa: E402
 from tensor_ops._bench_cases import bench_case  # noqa: E402
 
 
+_LOADED = [0]
+
+
 def load_other(path: str):
-    """The ``_cpp`` extension at ``path`` as a module of its own (not tensor_ops._cpp)."""
-    spec = importlib.util.spec_from_file_location("_cpp", path)
+    """The ``_cpp`` extension at ``path`` as a module of its own (not tensor_ops._cpp). Each
+    call gets its own module name (``ab<k>._cpp``): CPython keeps single-phase extension
+    modules by name, and a second load under the same name returned the first module object,
+    whatever file it was given (so ``--copies`` once timed one build against itself)."""
+    _LOADED[0] += 1
+    spec = importlib.util.spec_from_file_location(f"ab{_LOADED[0]}._cpp", path)
     if spec is None or spec.loader is None:
         raise SystemExit(f"ab_builds: cannot load {path!r} as an extension module")
     mod = importlib.util.module_from_spec(spec)
@@ -71,25 +88,38 @@ def main(argv=None) -> None:
     ap.add_argument("--dtypes", nargs="+", default=["float32", "bfloat16"])
     ap.add_argument("--rows", type=int, default=8192)
     ap.add_argument("--rounds", type=int, default=9)
+    ap.add_argument("--copies", type=int, default=2, help="loaded copies of each build (see above)")
     args = ap.parse_args(argv)
-    other = load_other(args.other)
-    fns = {}
-    for op in args.ops:
-        for dt in args.dtypes:
-            fns[(op, dt, "other")] = calls(other, op, dt, args.rows)
-            fns[(op, dt, "this")] = calls(_cpp, op, dt, args.rows)
-    t = _bench.time_rounds(fns, 0, args.rounds)
+    with tempfile.TemporaryDirectory() as tmp:
+        builds = {}
+        for name, path in (("other", args.other), ("this", _cpp.__file__)):
+            mods = []  # both builds loaded the same way (the imported tensor_ops._cpp is not timed)
+            for c in range(max(1, args.copies)):
+                copy = os.path.join(tmp, f"{name}{c}_" + os.path.basename(path))
+                shutil.copyfile(path, copy)
+                mods.append(load_other(copy))
+            builds[name] = mods
+        fns = {(op, dt, name, c): calls(m, op, dt, args.rows)
+               for op in args.ops for dt in args.dtypes for name, mods in builds.items() for c, m in enumerate(mods)}
+        t = _bench.time_rounds(fns, 0, args.rounds)
     print(f"# this build: {_cpp.__file__}\n# other: {args.other}\n# {args.rounds} interleaved rounds, "
-          "speed = other's time / this time (median of per-round ratios; > 1: this build is faster)")
-    print(f"{'op':16s} {'dtype':9s} {'other ms':>9s} {'this ms':>9s} {'speed':>6s}")
+          f"{len(builds['this'])} loaded copies of each build; speed = other's time / this time (median of "
+          "per-round ratios of the copies' mean times; > 1: this build is faster)")
+    print(f"{'op':16s} {'dtype':9s} {'other ms':>9s} {'this ms':>9s} {'speed':>6s}  per-copy ms (other | this)")
     for op in args.ops:
         for dt in args.dtypes:
-            a, b = t[(op, dt, "other")], t[(op, dt, "this")]
-            if a.error or b.error:
-                print(f"{op:16s} {dt:9s} error: {a.error or b.error}")
+            per = {name: [t[(op, dt, name, c)] for c in range(len(mods))] for name, mods in builds.items()}
+            bad = [x.error for xs in per.values() for x in xs if x.error]
+            if bad:
+                print(f"{op:16s} {dt:9s} error: {bad[0]}")
                 continue
-            print(f"{op:16s} {dt:9s} {statistics.median(a.times) * 1e3:9.2f} {statistics.median(b.times) * 1e3:9.2f} "
-                  f"{_bench.median_ratio(a, b):6.2f}")
+            mean = {name: _bench.Timing([statistics.fmean(r) for r in zip(*(x.times for x in xs))])
+                    for name, xs in per.items()}
+            copies = " | ".join(" ".join(f"{statistics.median(x.times) * 1e3:.2f}" for x in per[name])
+                                for name in ("other", "this"))
+            speed = _bench.median_ratio(mean["other"], mean["this"])
+            print(f"{op:16s} {dt:9s} {statistics.median(mean['other'].times) * 1e3:9.2f} "
+                  f"{statistics.median(mean['this'].times) * 1e3:9.2f} {speed:6.2f}  {copies}")
 
 
 if __name__ == "__main__":

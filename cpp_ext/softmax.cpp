@@ -25,30 +25,12 @@ inline float row_max(const T* x, int64_t n) {
     return hmax(vmax(m0, m1));
 }
 
-// e^d for d = x - max <= 0 (or NaN, which passes through vmax). AVX-512: as 2^(d log2 e)
-// through the activations' polynomials (vmath.h vexp2_d5 / vexp2_d3 for 16-bit outputs):
-// two to four fewer instructions than vexp's Cody-Waite route, and the argument's rounding
-// (|d| * 6e-8 relative) only matters where e^d is negligible against the sum (>= 1); below
-// 2^-150 (and for e^-Inf of masked entries) vscalefps gives exactly 0, with the subnormal
-// results in between. Elsewhere: clamped at -87.3 so 2^n stays a normal float, and exact 0
-// below it, where the dropped results are < 1.2e-38 against a sum >= 1.
-template <bool LP>
-inline V exp_le0(V d) {
-#if TO_ISA == 2
-    const V v = d * vset(1.44269504088896341f);
-    return LP ? vexp2_d3(v) : vexp2_d5(v);
-#else
-    V fn, y = vexp_reduced(vmax(vset(-87.3f), d), fn);
-    return vsel(vlt(d, vset(-87.3f)), vset(0.0f), vldexp(y, fn));
-#endif
-}
-
 // max (from memory), then exp into the scratch row and the write (both from cache) while the
 // next row is prefetched across those two passes (simd.h Prefetch; before, the prefetch ran
 // during the exp loop alone and the write pass read nothing).
 template <class T>
 void softmax_k(const void* xv, void* yv, int64_t rows, int64_t n, float* scratch, bool nt) {
-    constexpr bool LP = sizeof(T) == 2;  // a 16-bit output: exp_le0's cheaper form
+    constexpr bool LP = sizeof(T) == 2;  // a 16-bit output: vexp_shift's cheaper form
     const T* x = (const T*)xv;
     T* y = (T*)yv;
     for (int64_t r = 0; r < rows; ++r) {
@@ -65,7 +47,7 @@ void softmax_k(const void* xv, void* yv, int64_t rows, int64_t n, float* scratch
             V s0 = vset(0.0f), s1 = vset(0.0f);
             for (; i + 2 * W <= end; i += 2 * W) {
                 pf();
-                V v0 = exp_le0<LP>(vload(xr + i) - vm), v1 = exp_le0<LP>(vload(xr + i + W) - vm);
+                V v0 = vexp_shift<LP>(vload(xr + i), vm), v1 = vexp_shift<LP>(vload(xr + i + W), vm);
                 vstore(e + i, v0);
                 vstore(e + i + W, v1);
                 s0 = s0 + v0;
@@ -73,7 +55,7 @@ void softmax_k(const void* xv, void* yv, int64_t rows, int64_t n, float* scratch
             }
             for (; i < end; i += W) {
                 const int64_t k = end - i < W ? end - i : W;
-                V v = exp_le0<LP>(ld(xr + i, k) - vm);
+                V v = vexp_shift<LP>(ld(xr + i, k), vm);
                 st(e + i, v, k);
                 if (k < W) v = vload_part(e + i, k, 0.0f);  // padded lanes must not count
                 s0 = s0 + v;

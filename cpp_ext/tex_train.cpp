@@ -97,18 +97,6 @@ void dact_k(const void* gv, const void* xv, void* yv, int64_t rows, int64_t n, f
 // The gated derivatives (dglu: TE's dswiglu, dgeglu, ...) are backward.cpp's gated_bwd_k, the one
 // definition glu2_bwd uses too.
 
-// e^d for d <= 0 (or NaN): clamped so 2^n stays normal (AVX-512's vscalefps rounds below
-// to 0 itself); exact 0 for the masked -inf entries (the facade softmax's exp_le0).
-inline V exp_le0(V d) {
-#if TO_ISA == 2
-    V fn, y = vexp_reduced(vmax(vset(-104.0f), d), fn);
-    return vldexp(y, fn);
-#else
-    V fn, y = vexp_reduced(vmax(vset(-87.3f), d), fn);
-    return vsel(vlt(d, vset(-87.3f)), vset(0.0f), vldexp(y, fn));
-#endif
-}
-
 // Lanes of W mask bytes that are non-zero (TE's uint8 attention mask: 1 = masked).
 inline M vmask_u8(const uint8_t* p) {
 #if TO_ISA == 2
@@ -187,11 +175,12 @@ void tsoftmax_k(const void* xv, void* yv, int64_t rows, int64_t n, float scale, 
             m0 = vmax(m0, k == W ? v : vload_part(z + i, k, ninf));
         }
         const V vm = vset(hmax(vmax(m0, m1)));
+        constexpr bool LP = sizeof(T) == 2;  // a 16-bit output: vexp_shift's cheaper form
         V s0 = vset(0.0f), s1 = vset(0.0f);
         constexpr int STEP = 2 * W * (int)sizeof(T);
         for (i = 0; i + 2 * W <= len; i += 2 * W) {
             prefetch(pf + i * (int64_t)sizeof(T), STEP);
-            V a = exp_le0(vload(z + i) - vm), b = exp_le0(vload(z + i + W) - vm);
+            V a = vexp_shift<LP>(vload(z + i), vm), b = vexp_shift<LP>(vload(z + i + W), vm);
             vstore(z + i, a);
             vstore(z + i + W, b);
             s0 = s0 + a;
@@ -199,7 +188,7 @@ void tsoftmax_k(const void* xv, void* yv, int64_t rows, int64_t n, float scale, 
         }
         for (; i < len; i += W) {
             const int64_t k = len - i < W ? len - i : W;
-            V e = exp_le0(ld(z + i, k) - vm);
+            V e = vexp_shift<LP>(ld(z + i, k), vm);
             st(z + i, e, k);
             if (k < W) e = vload_part(z + i, k, 0.0f);  // padded lanes must not count
             s0 = s0 + e;

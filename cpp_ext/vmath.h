@@ -110,6 +110,31 @@ inline V vdiv_1p_exp2(V a, V v) {
 #endif
 }
 
+// Softmax's e^(x - m), m the row's max, so x - m <= 0 (or NaN: a NaN in the row, or +Inf,
+// whose Inf - Inf gives a NaN row as the float64 formula does); one definition for the facade
+// softmax (softmax.cpp) and TE's scaled softmax (tex_train.cpp). AVX-512: 2^((x - m) log2 e)
+// through the activations' polynomials (vexp2_d5; vexp2_d3 for 16-bit outputs, 8.6e-5
+// relative against their half ulp of 4.9e-4 / 3.9e-3): two to four fewer instructions than
+// vexp's Cody-Waite route, and the argument's rounding (|x - m| 6e-8 relative) only matters
+// where e^(x-m) is negligible against the sum (>= 1). e^-Inf (masked entries) is exactly 0:
+// vreduceps gives f = 0 for +-Inf and vscalefps 2^-Inf = 0; below 2^-150 the results are 0,
+// with subnormals in between. Elsewhere: the Cody-Waite route, clamped at -87.3 so 2^n stays
+// a normal float, and exact 0 below it (dropped results < 1.2e-38 against a sum >= 1).
+// (Folding the subtraction into the multiply, x log2e - m log2e as one FMA, was measured and
+// dropped: the rounding of m log2e is a shift common to the row, which the normalisation
+// cancels, but for |m| near 1e30 that shift is 2^(6e22) and the row overflows.)
+template <bool LP>
+inline V vexp_shift(V x, V m) {
+    const V d = x - m;
+#if TO_ISA == 2
+    const V v = d * vset(1.44269504088896341f);
+    return LP ? vexp2_d3(v) : vexp2_d5(v);
+#else
+    V fn, y = vexp_reduced(vmax(vset(-87.3f), d), fn);
+    return vsel(vlt(d, vset(-87.3f)), vset(0.0f), vldexp(y, fn));
+#endif
+}
+
 // The derivatives' sigmoid pieces from e = 2^v: s = 1/(1 + e) and 1 - s. On AVX-512, e comes
 // from vexp2_d5 (vreduceps + vscalefps, as the forward activations) and 1 - s is e*s where
 // s >= 1/2, which keeps its relative accuracy as s -> 1 (1 - s cancels there: d/dx silu at

@@ -339,6 +339,9 @@ def test_ab_builds_compares_two_loaded_builds(capsys):
     mod = _load("ab_builds")
     other = mod.load_other(_cpp.__file__)
     assert other is not _cpp and other.rms_norm is not _cpp.rms_norm
+    # --copies: every load its own module (one name for all returned the first module object)
+    again = mod.load_other(_cpp.__file__)
+    assert again is not other and again.rms_norm is not other.rms_norm
     mod.main([_cpp.__file__, "--ops", "rms_norm", "add_rms_norm", "gelu_tanh", "rope",
               "--dtypes", "float32", "bfloat16", "--rows", "8", "--rounds", "1"])
     out = capsys.readouterr().out
