@@ -377,7 +377,7 @@ struct Prefetch {
     // 32 elements, 13 of them this). The last step may reach up to a step past `end`: a
     // prefetch never faults, and those lines are the row after next. Counted (callgrind_ops
     // step, fp32): rms_norm 1.27 -> 1.05 instructions per element, layer_norm 1.93 -> 1.68;
-    // timed, no change (the fp32 row kernels are not instruction-bound: CONTRIBUTING.md).
+    // timed (ab_builds --copies 3): layer_norm fp32 1.08x faster, the others 1.00-1.05x.
     inline void operator()() {
         if (p < end) {
             __builtin_prefetch(p, 0, 2);
@@ -410,11 +410,12 @@ inline void write_row(T* y, int64_t n, bool nt, const Full& full, const Part& pa
         if (head) vstore_part(y, part(0, head), head);
         i = head;
         // The partial vector at the end is a cached store into a line the next row's head
-        // shares: its read for ownership goes to memory, and stores commit in order, so the
-        // stores behind it waited for it (softmax's next exp pass writes its scratch row at
-        // once). prefetchw now: the line arrives while the body streams. fp32 softmax into
-        // np.empty's out= (16 bytes off a line) 1.15x faster (ab_builds --copies 3); the
-        // norms, whose next pass only reads, unchanged.
+        // shares, so its read for ownership goes to memory; prefetchw now, and the line
+        // arrives while the body streams. fp32 softmax into np.empty's out= (16 bytes off a
+        // line) 1.15x faster (ab_builds --copies 3), the norms unchanged. Our reading, not
+        // measured: stores commit in order, so the stores behind that one wait for it, and
+        // only softmax stores right away (its next exp pass fills the scratch row); the
+        // norms' next pass only reads.
         if ((n - head) % W) __builtin_prefetch(y + n - 1, 1, 3);
         // Two independent vectors per iteration: the exp/erf chains are ~30 dependent
         // ops deep, and the out-of-order window alone overlaps too few iterations.
