@@ -2,11 +2,12 @@
 
 On a shared 2-core VM the copy bandwidth moves by 1.5x between minutes, so a kernel change
 measured by two benchmark runs (before / after) is mostly a measurement of the host. This
-loads another build's ``tensor_ops._cpp`` (a ``.so`` built from another checkout, e.g. a
-``git worktree`` of the base commit) beside this checkout's, and times the same calls on both
-in the engine's interleaved rounds (``tensor_ops._bench.time_rounds``), so both see the same
-host: the ratio is the median of per-round ratios. The two modules share nothing (each has
-its own thread pool and output cache).
+loads copies of another build's ``tensor_ops._cpp`` (a ``.so`` built from another checkout,
+e.g. a ``git worktree`` of the base commit) and of this checkout's, each as a module of its
+own, and times the same calls on all of them in the engine's interleaved rounds
+(``tensor_ops._bench.time_rounds``), so both builds see the same host: the ratio is the
+median of per-round ratios. The modules share nothing (each has its own thread pool and
+output cache).
 
     git worktree add /tmp/base HEAD~1 && (cd /tmp/base && python setup.py -q build_ext --inplace)
     python benchmarks/ab_builds.py /tmp/base/tensor_ops/_cpp.*.so --ops rms_norm softmax \\
