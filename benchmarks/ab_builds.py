@@ -17,8 +17,10 @@ Where a build's arrays land matters too: the same module timed on different out=
 the same shape (each from its own ``np.empty``) differed by up to 17 % in one process (fp32
 softmax, 6.7 vs 7.9 ms; not huge pages: NumPy's arrays here get them). ``--copies N``
 (default 2) loads N copies of each build (each its own module, arrays, heap and thread
-stacks) and times them all in the same rounds: a build's time per round is the mean over its
-copies, and the per-copy medians are printed, so a placement effect shows as copies that
+stacks) and times them all in the same rounds: a build's time per round is the median over
+its copies (a mean let one copy's spike from another tenant move the round: gelu at 5.6 ms in
+every copy's median read 7.2 ms as the median of per-round means), and the per-copy medians
+are printed, so a placement effect shows as copies that
 disagree instead of as a speed-up.
 
 The cases are the benchmark's own (``_bench_cases.bench_case``: (rows, 4096), rope (32, rows,
@@ -105,7 +107,7 @@ def main(argv=None) -> None:
         t = _bench.time_rounds(fns, 0, args.rounds)
     print(f"# this build: {_cpp.__file__}\n# other: {args.other}\n# {args.rounds} interleaved rounds, "
           f"{len(builds['this'])} loaded copies of each build; speed = other's time / this time (median of "
-          "per-round ratios of the copies' mean times; > 1: this build is faster)")
+          "per-round ratios of the copies' median times; > 1: this build is faster)")
     print(f"{'op':16s} {'dtype':9s} {'other ms':>9s} {'this ms':>9s} {'speed':>6s}  per-copy ms (other | this)")
     for op in args.ops:
         for dt in args.dtypes:
@@ -114,7 +116,7 @@ def main(argv=None) -> None:
             if bad:
                 print(f"{op:16s} {dt:9s} error: {bad[0]}")
                 continue
-            mean = {name: _bench.Timing([statistics.fmean(r) for r in zip(*(x.times for x in xs))])
+            mean = {name: _bench.Timing([statistics.median(r) for r in zip(*(x.times for x in xs))])
                     for name, xs in per.items()}
             copies = " | ".join(" ".join(f"{statistics.median(x.times) * 1e3:.2f}" for x in per[name])
                                 for name in ("other", "this"))

@@ -13,7 +13,7 @@ template <int OP, bool LP = false>
 inline V act(V x) {
     if (OP == UN_SILU) return vsilu<LP>(x);
     if (OP == UN_RELU) return vmax(vset(0.0f), x);  // operand order: NaN in x stays NaN
-    if (OP == UN_GELU_ERF) return vgelu_erf(x);
+    if (OP == UN_GELU_ERF) return vgelu_erf<LP>(x);
     if (OP == UN_GELU_TANH) return vgelu_tanh<LP>(x);
     if (OP == UN_EXP) return vexp(x);
     return vtanh(x);

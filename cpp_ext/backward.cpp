@@ -36,7 +36,7 @@ constexpr int GLU_ACT[GLU_COUNT] = {DA_SILU, A_GELU_ERF, DA_GELU_TANH};  // by G
 template <int A, bool LP>
 inline V act_f(V x) {
     if (A == DA_SILU) return vsilu<LP>(x);
-    if (A == A_GELU_ERF) return vgelu_erf(x);
+    if (A == A_GELU_ERF) return vgelu_erf<LP>(x);
     return vgelu_tanh<LP>(x);
 }
 

@@ -364,6 +364,40 @@ def test_gelu_erf_within_10_eps_absolute(C):
     assert err.max() <= 10 * eps, f"{err.max() / eps:.2f} eps at x={x[err.argmax()]}"
 
 
+@pytest.mark.parametrize("dt", ["float16", "bfloat16"])
+def test_gelu_erf_16bit_every_value(C, dt):
+    """Every finite 16-bit x. AVX-512 runs the 16-bit form (vmath.h vgelu_erf<LP>: Phi from
+    2^P(|x|), relative in the negative tail): within 1 ulp of the exact value where |y| >=
+    1e-5 and 5e-8 absolute below. The other ISAs round the fp32 form, whose 1 + erf cancels
+    in the tail: an ulp plus its 10 fp32 eps absolute (test above)."""
+    from scipy.special import ndtr
+    from tensor_ops.backends import cpp
+    bits = np.arange(1 << 16, dtype=np.uint16)
+    if dt == "bfloat16":
+        x64 = bf16_float(bits).astype(np.float64)
+        kw = {"dtype": "bfloat16"}
+    else:
+        x64 = bits.view(np.float16).astype(np.float64)
+        kw = {}
+    keep = np.isfinite(x64)
+    xin = bits[keep] if dt == "bfloat16" else bits.view(np.float16)[keep]
+    x64 = x64[keep]
+    want = x64 * ndtr(x64)
+    got = value(C.gelu(xin, "none", None, **kw), dt)
+    # the 16-bit spacing at |want|: 2^(e - mantissa bits), subnormal steps below the normal range
+    mant, emin = (10, -14) if dt == "float16" else (7, -126)
+    e = np.floor(np.log2(np.maximum(np.abs(want), 2.0 ** emin)))
+    ulp = 2.0 ** (e - mant)
+    err = np.abs(got - want)
+    if cpp.get_optimization_info()["selected_isa"].startswith("avx512"):
+        big = np.abs(want) >= 1e-5
+        assert (err[big] / ulp[big]).max() <= 1.0, f"x={x64[big][np.argmax(err[big] / ulp[big])]}"
+        assert err[~big].max() <= 5e-8, f"x={x64[~big][np.argmax(err[~big])]}"
+    else:
+        bound = ulp + 10 * float(np.finfo(np.float32).eps) * np.maximum(1.0, np.abs(want))
+        assert (err / bound).max() <= 1.0, f"x={x64[np.argmax(err / bound)]}"
+
+
 def test_gelu_tanh_and_tanh_accuracy(C):
     x = np.linspace(-20, 20, 1_000_001).astype(np.float32)
     x64 = x.astype(np.float64)
