@@ -24,7 +24,9 @@ are printed, so a placement effect shows as copies that
 disagree instead of as a speed-up.
 
 The cases are the benchmark's own (``_bench_cases.bench_case``: (rows, 4096), rope (32, rows,
-128)), ``out=`` given as ``np.empty`` gives it (16 bytes past a 64-byte boundary).
+128)), ``out=`` given as ``np.empty`` gives it (16 bytes past a 64-byte boundary); and TE's
+scaled softmax as tex calls it (``tex_softmax``, ``tex_softmax_mask``, ``tex_softmax_causal``,
+``tex_softmax_bwd``: the extension's entry points on (rows, 4096)).
 """
 from __future__ import annotations
 
@@ -69,8 +71,31 @@ def _native(a):
     return a, None
 
 
+#: TE's scaled softmax (tex, softmax.cpp's kernel) on (rows, 4096): mode, heads, sq of each case
+TEX_SOFTMAX = {"tex_softmax": (0, 1, 1), "tex_softmax_mask": (1, 16, None), "tex_softmax_causal": (2, 1, 4096)}
+
+
+def _tex_calls(mod, op: str, dtype: str, rows: int):
+    """tex_softmax* / tex_softmax_bwd on ``mod``: scale 0.125, a 20 % uint8 mask, causal rows of
+    4096 (square blocks), out= from np.empty like the other cases."""
+    rng = np.random.default_rng(0)
+    x, bf = _native(rng.standard_normal((rows, 4096), np.float32).astype(dtype))
+    kw = {"dtype": bf} if bf else {}
+    out = np.empty_like(x)
+    if op == "tex_softmax_bwd":
+        dy = np.empty_like(x)
+        dy[...] = x[::-1]
+        return lambda: mod.tex_softmax_bwd(dy, x, out, 0.125, **kw)
+    mode, heads, sq = TEX_SOFTMAX[op]
+    sq = sq or rows // heads
+    mask = (rng.random((1, sq, 4096)) < 0.2).astype(np.uint8) if mode == 1 else None
+    return lambda: mod.tex_softmax(x, out, 0.125, mode, mask, heads, sq, 0, **kw)
+
+
 def calls(mod, op: str, dtype: str, rows: int):
     """A no-argument call of ``op`` on ``mod`` with the benchmark's case, out= given."""
+    if op.startswith("tex_softmax"):
+        return _tex_calls(mod, op, dtype, rows)
     case = bench_case(op, dtype, rows)
     x, bf = _native(case.x)
     args = [_native(a)[0] if isinstance(a, np.ndarray) else a for a in case.args]

@@ -80,9 +80,10 @@ struct KernelTable {
     double (*sumsq[DT_COUNT])(const void* x, int64_t n);
     void (*from_f32[DT_COUNT])(const float* in, void* out, int64_t n);
     void (*to_f32[DT_COUNT])(const void* in, float* out, int64_t n);
-    // tex training kernels (tex_train.cpp). dact: y = g*act'(x) over rows x n; acc (fp32 [n],
-    // may be null) gets the column sums of y added. dglu: x (rows, 2h), g (rows, h) -> y (rows, 2h)
-    // (backward.cpp: glu2_bwd's kernel on the [a | b] halves).
+    // tex training kernels (tex_train.cpp; tsoftmax / tsoftmax_bwd: softmax.cpp). dact: y =
+    // g*act'(x) over rows x n; acc (fp32 [n], may be null) gets the column sums of y added.
+    // dglu: x (rows, 2h), g (rows, h) -> y (rows, 2h) (backward.cpp: glu2_bwd's kernel on the
+    // [a | b] halves).
     void (*dact[DT_COUNT][DA_COUNT])(const void* g, const void* x, void* y, int64_t rows, int64_t n, float* acc,
                                      bool nt);
     void (*dglu[DT_COUNT][DA_COUNT])(const void* g, const void* x, void* y, int64_t rows, int64_t h, bool nt);

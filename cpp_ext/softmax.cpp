@@ -1,10 +1,17 @@
-// softmax.cpp: row softmax (compiled once per ISA variant).
+// softmax.cpp: the row softmax, forward and backward (compiled once per ISA variant): one row
+// kernel for the facade's softmax and TransformerEngine's scaled softmax (plain / masked /
+// causal, tex), and TE's backward, which tensor_ops.torch's autograd uses too.
 //
-// Three passes over a row that stays in cache: max; e = exp(x - max) written to a
-// per-thread fp32 scratch row while summing; y = e * (1/sum). The scratch (not y) holds e
-// so 16-bit outputs are rounded once, and so the final write can be a non-temporal store
-// (writing y twice, once cached and once streamed, measured 30% slower at 8192x4096). NaN in a
-// row, or +Inf (Inf - Inf), gives a NaN row, as the float64 formula does.
+// Three passes over a row that stays in cache: the max of the logits z (from memory); e =
+// exp(z - max), z recomputed from the cached row, written to a per-thread fp32 scratch row
+// while summing; y = e * (1/sum). The scratch (not y) holds e so 16-bit outputs are rounded
+// once, and so the final write can be a non-temporal store (writing y twice, once cached and
+// once streamed, measured 30% slower at 8192x4096). The next row is prefetched across the
+// last two passes (simd.h Prefetch; prefetching during the exp pass alone left the write
+// pass reading nothing). NaN in a row, or +Inf (Inf - Inf), gives a NaN row, as the float64
+// formula does.
+#include <cstring>
+
 #include "vmath.h"
 #include "variant.h"
 
@@ -12,71 +19,187 @@ namespace to {
 namespace TO_NS {
 namespace {
 
-template <class T>
-inline float row_max(const T* x, int64_t n) {
-    const float ninf = -__builtin_inff();
-    V m0 = vset(ninf), m1 = vset(ninf);
-    int64_t i = 0;
-    for (; i + 2 * W <= n; i += 2 * W) {
-        m0 = vmax(m0, vload(x + i));
-        m1 = vmax(m1, vload(x + i + W));
-    }
-    for (; i < n; i += W) m0 = vmax(m0, ld(x + i, n - i < W ? n - i : W, ninf));
-    return hmax(vmax(m0, m1));
+// Lanes of W mask bytes that are non-zero (TE's uint8 attention mask: 1 = masked).
+inline M vmask_u8(const uint8_t* p) {
+#if TO_ISA == 2
+    __m512i v = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i*)p));
+    return {_mm512_test_epi32_mask(v, v)};
+#elif TO_ISA == 1
+    __m256i v = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i*)p));
+    return {_mm256_castsi256_ps(_mm256_cmpgt_epi32(v, _mm256_setzero_si256()))};
+#else
+    return {p[0] != 0};
+#endif
 }
 
-// max (from memory), then exp into the scratch row and the write (both from cache) while the
-// next row is prefetched across those two passes (simd.h Prefetch; before, the prefetch ran
-// during the exp loop alone and the write pass read nothing).
+// One row: yr[0, len) = softmax(z[0, len)), yr[len, n) = 0 (TE's causal rows), len >= 1.
+// z(i) gives the logits of lanes [i, i+W), zp(i, k) those of a partial vector (lanes >= k
+// anything: they are dropped here). e: n floats of scratch.
+template <class T, class Z, class ZP>
+inline void softmax_row(T* yr, int64_t n, int64_t len, float* e, bool nt, Prefetch pf, const Z& z, const ZP& zp) {
+    constexpr bool LP = sizeof(T) == 2;  // a 16-bit output: vexp_shift's cheaper form
+    const float ninf = -__builtin_inff();
+    alignas(64) float t[W];
+    V m0 = vset(ninf), m1 = vset(ninf);
+    int64_t i = 0;
+    for (; i + 2 * W <= len; i += 2 * W) {
+        m0 = vmax(m0, z(i));
+        m1 = vmax(m1, z(i + W));
+    }
+    for (; i < len; i += W) {
+        const int64_t k = len - i < W ? len - i : W;
+        if (k == W) {
+            m0 = vmax(m0, z(i));
+        } else {
+            vstore(t, zp(i, k));
+            m0 = vmax(m0, vload_part(t, k, ninf));
+        }
+    }
+    const V vm = vset(hmax(vmax(m0, m1)));
+    double sum = 0.0;
+    i = 0;
+    while (i < len) {
+        const int64_t end = (len - i > 1024) ? i + 1024 : len;
+        // Two independent chains: exp is ~15 dependent instructions deep.
+        V s0 = vset(0.0f), s1 = vset(0.0f);
+        for (; i + 2 * W <= end; i += 2 * W) {
+            pf();
+            V v0 = vexp_shift<LP>(z(i), vm), v1 = vexp_shift<LP>(z(i + W), vm);
+            vstore(e + i, v0);
+            vstore(e + i + W, v1);
+            s0 = s0 + v0;
+            s1 = s1 + v1;
+        }
+        for (; i < end; i += W) {
+            const int64_t k = end - i < W ? end - i : W;
+            V v = vexp_shift<LP>(k == W ? z(i) : zp(i, k), vm);
+            st(e + i, v, k);
+            if (k < W) v = vload_part(e + i, k, 0.0f);  // padded lanes must not count
+            s0 = s0 + v;
+        }
+        i = end;
+        sum += (double)hsum(s0 + s1);
+    }
+    const V inv = vset((float)(1.0 / sum));
+    if (len == n) {
+        write_row(
+            yr, n, nt, [&](int64_t j) { return vload(e + j) * inv; },
+            [&](int64_t j, int64_t k) { return vload_part(e + j, k, 0.f) * inv; }, pf);
+    } else {  // the causal tail: zeros
+        write_row(
+            yr, n, nt,
+            [&](int64_t j) {
+                if (j + W <= len) return vload(e + j) * inv;
+                return j >= len ? vset(0.0f) : vload_part(e + j, len - j, 0.f) * inv;
+            },
+            [&](int64_t j, int64_t k) { return vload_part(e + j, len - j < k ? (len > j ? len - j : 0) : k, 0.f) * inv; },
+            pf);
+    }
+}
+
+// The facade's softmax over rows of n.
 template <class T>
 void softmax_k(const void* xv, void* yv, int64_t rows, int64_t n, float* scratch, bool nt) {
-    constexpr bool LP = sizeof(T) == 2;  // a 16-bit output: vexp_shift's cheaper form
     const T* x = (const T*)xv;
     T* y = (T*)yv;
     for (int64_t r = 0; r < rows; ++r) {
         const T* xr = x + r * n;
-        T* yr = y + r * n;
-        Prefetch pf = next_row(xr, n, r + 1 < rows, 2 * n);
-        float* e = scratch;
-        const V vm = vset(row_max(xr, n));
-        double sum = 0.0;
-        int64_t i = 0;
-        while (i < n) {
-            const int64_t end = (n - i > 1024) ? i + 1024 : n;
-            // Two independent chains: exp is ~15 dependent instructions deep.
-            V s0 = vset(0.0f), s1 = vset(0.0f);
-            for (; i + 2 * W <= end; i += 2 * W) {
-                pf();
-                V v0 = vexp_shift<LP>(vload(xr + i), vm), v1 = vexp_shift<LP>(vload(xr + i + W), vm);
-                vstore(e + i, v0);
-                vstore(e + i + W, v1);
-                s0 = s0 + v0;
-                s1 = s1 + v1;
-            }
-            for (; i < end; i += W) {
-                const int64_t k = end - i < W ? end - i : W;
-                V v = vexp_shift<LP>(ld(xr + i, k), vm);
-                st(e + i, v, k);
-                if (k < W) v = vload_part(e + i, k, 0.0f);  // padded lanes must not count
-                s0 = s0 + v;
-            }
-            i = end;
-            sum += (double)hsum(s0 + s1);
-        }
-        const V inv = vset((float)(1.0 / sum));
-        write_row(
-            yr, n, nt, [&](int64_t j) { return vload(e + j) * inv; },
-            [&](int64_t j, int64_t k) { return vload_part(e + j, k, 0.f) * inv; }, pf);
+        softmax_row(
+            y + r * n, n, n, scratch, nt, next_row(xr, n, r + 1 < rows, 2 * n), [&](int64_t i) { return vload(xr + i); },
+            [&](int64_t i, int64_t k) { return vload_part(xr + i, k, 0.f); });
     }
     if (nt) stream_fence();
+}
+
+// TE's scaled softmax over rows of n: z = x*scale; mode SM_MASK: where mask[j] != 0, z = -10000,
+// a row whose every element is masked gives 0; SM_CAUSAL: only j <= lim (row r's limit) count,
+// the rest (and rows with lim < 0) give 0.
+template <class T>
+void tsoftmax_k(const void* xv, void* yv, int64_t rows, int64_t n, float scale, int mode, const uint8_t* mask,
+                int64_t mask_batches, int64_t heads, int64_t row0, int64_t sq, int64_t causal_off, float* e, bool nt) {
+    const T* x = (const T*)xv;
+    T* y = (T*)yv;
+    const V vs = vset(scale);
+    for (int64_t r = 0; r < rows; ++r) {
+        const T* xr = x + r * n;
+        T* yr = y + r * n;
+        int64_t len = n;
+        const uint8_t* mr = nullptr;
+        const int64_t grow = row0 + r;
+        if (mode == SM_CAUSAL) {
+            const int64_t lim = grow % sq + causal_off;  // last allowed column
+            len = lim < 0 ? 0 : (lim + 1 < n ? lim + 1 : n);
+        } else if (mode == SM_MASK) {
+            const int64_t mb = mask_batches == 1 ? 0 : (grow / sq) / heads;  // mask [b|1, 1, sq, sk]
+            mr = mask + mb * sq * n + (grow % sq) * n;
+            if (!std::memchr(mr, 0, (size_t)n)) len = 0;  // every element masked
+        }
+        if (len == 0) {
+            write_row(yr, n, nt, [&](int64_t) { return vset(0.0f); }, [&](int64_t, int64_t) { return vset(0.0f); });
+            continue;
+        }
+        const Prefetch pf = next_row(xr, n, r + 1 < rows, 2 * n);
+        const auto zp = [&](int64_t i, int64_t k) {
+            V v = vload_part(xr + i, k, 0.f) * vs;
+            if (!mr) return v;
+            alignas(64) float mk[W];
+            for (int64_t j = 0; j < W; ++j) mk[j] = (j < k && mr[i + j]) ? 1.0f : 0.0f;
+            return vsel(vlt(vset(0.5f), vload(mk)), vset(-10000.0f), v);
+        };
+        if (mr)
+            softmax_row(
+                yr, n, len, e, nt, pf,
+                [&](int64_t i) { return vsel(vmask_u8(mr + i), vset(-10000.0f), vload(xr + i) * vs); }, zp);
+        else
+            softmax_row(yr, n, len, e, nt, pf, [&](int64_t i) { return vload(xr + i) * vs; }, zp);
+    }
+    if (nt) stream_fence();
+}
+
+// dx = scale * y * (dy - sum(dy * y)) per row: the dot from memory, then the write from cache
+// while the next row's dy and y are prefetched.
+template <class T>
+void tsoftmax_bwd_k(const void* dyv, const void* yv, void* dxv, int64_t rows, int64_t n, float scale, bool nt) {
+    const T* dy = (const T*)dyv;
+    const T* y = (const T*)yv;
+    T* dx = (T*)dxv;
+    const V sc = vset(scale);
+    for (int64_t r = 0; r < rows; ++r) {
+        const T* a = dy + r * n;
+        const T* b = y + r * n;
+        V acc0 = vset(0.0f), acc1 = vset(0.0f);
+        int64_t i = 0;
+        for (; i + 2 * W <= n; i += 2 * W) {
+            acc0 = vfma(vload(a + i), vload(b + i), acc0);
+            acc1 = vfma(vload(a + i + W), vload(b + i + W), acc1);
+        }
+        for (; i < n; i += W) {
+            const int64_t k = n - i < W ? n - i : W;
+            acc0 = vfma(ld(a + i, k), ld(b + i, k), acc0);
+        }
+        const V dot = vset(hsum(acc0 + acc1));
+        const bool more = r + 1 < rows;
+        write_row(
+            dx + r * n, n, nt, [&](int64_t j) { return sc * vload(b + j) * (vload(a + j) - dot); },
+            [&](int64_t j, int64_t k) { return sc * vload_part(b + j, k, 0.f) * (vload_part(a + j, k, 0.f) - dot); },
+            Prefetch2{next_row(a, n, more, n), next_row(b, n, more, n)});
+    }
+    if (nt) stream_fence();
+}
+
+template <class T>
+void fill_t(KernelTable& t, int dt) {
+    t.softmax[dt] = softmax_k<T>;
+    t.tsoftmax[dt] = tsoftmax_k<T>;
+    t.tsoftmax_bwd[dt] = tsoftmax_bwd_k<T>;
 }
 
 }  // namespace
 
 void fill_softmax(KernelTable& t) {
-    t.softmax[DT_F32] = softmax_k<float>;
-    t.softmax[DT_F16] = softmax_k<f16>;
-    t.softmax[DT_BF16] = softmax_k<bf16>;
+    fill_t<float>(t, DT_F32);
+    fill_t<f16>(t, DT_F16);
+    fill_t<bf16>(t, DT_BF16);
 }
 
 }  // namespace TO_NS

@@ -1,10 +1,8 @@
 // tex_train.cpp: the training-side tex kernels (compiled once per ISA variant): the plain
 // activation derivatives (optionally with the bias gradient; the gated ones are backward.cpp's
-// gated_bwd_k), TE's scaled softmax forward (plain / masked / causal) and backward, fused RoPE
-// over (token, head) rows with a position per token, and the SGD step. fp32 math for every
-// storage dtype.
+// gated_bwd_k; TE's scaled softmax is softmax.cpp's), fused RoPE over (token, head) rows with a
+// position per token, and the SGD step. fp32 math for every storage dtype.
 #include <cmath>
-#include <cstring>
 
 #include "vmath.h"
 #include "variant.h"
@@ -96,150 +94,6 @@ void dact_k(const void* gv, const void* xv, void* yv, int64_t rows, int64_t n, f
 
 // The gated derivatives (dglu: TE's dswiglu, dgeglu, ...) are backward.cpp's gated_bwd_k, the one
 // definition glu2_bwd uses too.
-
-// Lanes of W mask bytes that are non-zero (TE's uint8 attention mask: 1 = masked).
-inline M vmask_u8(const uint8_t* p) {
-#if TO_ISA == 2
-    __m512i v = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i*)p));
-    return {_mm512_test_epi32_mask(v, v)};
-#elif TO_ISA == 1
-    __m256i v = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i*)p));
-    return {_mm256_castsi256_ps(_mm256_cmpgt_epi32(v, _mm256_setzero_si256()))};
-#else
-    return {p[0] != 0};
-#endif
-}
-
-inline void prefetch(const void* p, int bytes) {
-    for (int b = 0; b < bytes; b += 64) __builtin_prefetch((const char*)p + b, 0, 2);  // into L2: see simd.h Prefetch
-}
-
-// TE's scaled softmax over rows of n: z = x*scale; mode SM_MASK: where mask[j] != 0, z = -10000,
-// a row whose every element is masked gives 0; SM_CAUSAL: only j <= lim (row r's limit) count,
-// the rest (and rows with lim < 0) give 0. Three passes over a row that stays in cache (as the
-// facade softmax): z and its max into the fp32 scratch; e = exp(z - max) in place while
-// summing (prefetching the next row: the exp arithmetic would leave the bus idle); y = e/sum.
-template <class T>
-void tsoftmax_k(const void* xv, void* yv, int64_t rows, int64_t n, float scale, int mode, const uint8_t* mask,
-                int64_t mask_batches, int64_t heads, int64_t row0, int64_t sq, int64_t causal_off, float* z, bool nt) {
-    const T* x = (const T*)xv;
-    T* y = (T*)yv;
-    const float ninf = -__builtin_inff();
-    const V vs = vset(scale);
-    for (int64_t r = 0; r < rows; ++r) {
-        const T* xr = x + r * n;
-        T* yr = y + r * n;
-        const char* pf = (const char*)(r + 1 < rows ? xr + n : xr);
-        int64_t len = n;
-        const uint8_t* mr = nullptr;
-        const int64_t grow = row0 + r;
-        if (mode == SM_CAUSAL) {
-            const int64_t lim = grow % sq + causal_off;  // last allowed column
-            len = lim < 0 ? 0 : (lim + 1 < n ? lim + 1 : n);
-        } else if (mode == SM_MASK) {
-            const int64_t mb = mask_batches == 1 ? 0 : (grow / sq) / heads;  // mask [b|1, 1, sq, sk]
-            mr = mask + mb * sq * n + (grow % sq) * n;
-            if (!std::memchr(mr, 0, (size_t)n)) len = 0;  // every element masked
-        }
-        if (len == 0) {
-            write_row(yr, n, nt, [&](int64_t) { return vset(0.0f); }, [&](int64_t, int64_t) { return vset(0.0f); });
-            continue;
-        }
-        V m0 = vset(ninf), m1 = vset(ninf);
-        int64_t i = 0;
-        if (!mr) {
-            for (; i + 2 * W <= len; i += 2 * W) {
-                V a = vload(xr + i) * vs, b = vload(xr + i + W) * vs;
-                vstore(z + i, a);
-                vstore(z + i + W, b);
-                m0 = vmax(m0, a);
-                m1 = vmax(m1, b);
-            }
-        }
-        if (mr) {
-            for (; i + W <= len; i += W) {
-                V v = vsel(vmask_u8(mr + i), vset(-10000.0f), vload(xr + i) * vs);
-                vstore(z + i, v);
-                m0 = vmax(m0, v);
-            }
-        }
-        for (; i < len; i += W) {
-            const int64_t k = len - i < W ? len - i : W;
-            V v = ld(xr + i, k) * vs;
-            if (mr) {
-                alignas(64) float mk[W];
-                for (int64_t j = 0; j < W; ++j) mk[j] = (j < k && mr[i + j]) ? 1.0f : 0.0f;
-                v = vsel(vlt(vset(0.5f), vload(mk)), vset(-10000.0f), v);
-            }
-            st(z + i, v, k);
-            m0 = vmax(m0, k == W ? v : vload_part(z + i, k, ninf));
-        }
-        const V vm = vset(hmax(vmax(m0, m1)));
-        constexpr bool LP = sizeof(T) == 2;  // a 16-bit output: vexp_shift's cheaper form
-        V s0 = vset(0.0f), s1 = vset(0.0f);
-        constexpr int STEP = 2 * W * (int)sizeof(T);
-        for (i = 0; i + 2 * W <= len; i += 2 * W) {
-            prefetch(pf + i * (int64_t)sizeof(T), STEP);
-            V a = vexp_shift<LP>(vload(z + i), vm), b = vexp_shift<LP>(vload(z + i + W), vm);
-            vstore(z + i, a);
-            vstore(z + i + W, b);
-            s0 = s0 + a;
-            s1 = s1 + b;
-        }
-        for (; i < len; i += W) {
-            const int64_t k = len - i < W ? len - i : W;
-            V e = vexp_shift<LP>(ld(z + i, k), vm);
-            st(z + i, e, k);
-            if (k < W) e = vload_part(z + i, k, 0.0f);  // padded lanes must not count
-            s0 = s0 + e;
-        }
-        const V inv = vset(1.0f / hsum(s0 + s1));
-        write_row(
-            yr, n, nt,
-            [&](int64_t j) {
-                if (j + W <= len) return vload(z + j) * inv;
-                return j >= len ? vset(0.0f) : vload_part(z + j, len - j, 0.f) * inv;  // causal tail: zeros
-            },
-            [&](int64_t j, int64_t k) { return vload_part(z + j, len - j < k ? (len > j ? len - j : 0) : k, 0.f) * inv; });
-    }
-    if (nt) stream_fence();
-}
-
-// dx = scale * y * (dy - sum(dy * y)) per row.
-template <class T>
-void tsoftmax_bwd_k(const void* dyv, const void* yv, void* dxv, int64_t rows, int64_t n, float scale, bool nt) {
-    const T* dy = (const T*)dyv;
-    const T* y = (const T*)yv;
-    T* dx = (T*)dxv;
-    for (int64_t r = 0; r < rows; ++r) {
-        const T* a = dy + r * n;
-        const T* b = y + r * n;
-        V acc0 = vset(0.0f), acc1 = vset(0.0f);
-        int64_t i = 0;
-        for (; i + 2 * W <= n; i += 2 * W) {
-            acc0 = vfma(vload(a + i), vload(b + i), acc0);
-            acc1 = vfma(vload(a + i + W), vload(b + i + W), acc1);
-        }
-        for (; i < n; i += W) {
-            const int64_t k = n - i < W ? n - i : W;
-            acc0 = vfma(ld(a + i, k), ld(b + i, k), acc0);
-        }
-        const V dot = vset(hsum(acc0 + acc1));
-        const V sc = vset(scale);
-        // the write pass reads this row from cache: fetch the next row's dy and y meanwhile
-        const char* pa = (const char*)(r + 1 < rows ? a + n : a);
-        const char* pb = (const char*)(r + 1 < rows ? b + n : b);
-        write_row(
-            dx + r * n, n, nt,
-            [&](int64_t j) {
-                prefetch(pa + j * (int64_t)sizeof(T), W * (int)sizeof(T));
-                prefetch(pb + j * (int64_t)sizeof(T), W * (int)sizeof(T));
-                return sc * vload(b + j) * (vload(a + j) - dot);
-            },
-            [&](int64_t j, int64_t k) { return sc * vload_part(b + j, k, 0.f) * (vload_part(a + j, k, 0.f) - dot); });
-    }
-    if (nt) stream_fence();
-}
 
 // Fused RoPE over rows of (token, head): x (tokens, heads, d), row (t, h) uses the angles of
 // position pos[t]: cos/sin (P, d2) fp32. On the first d2 channels y = x*cos + rot(x)*sin
@@ -382,8 +236,6 @@ void fill_t(KernelTable& t, int dt) {
     t.dact[dt][DA_RELU] = dact_k<T, DA_RELU>;
     t.dact[dt][DA_SRELU] = dact_k<T, DA_SRELU>;
     t.dact[dt][DA_SIGMOID] = dact_k<T, DA_SIGMOID>;
-    t.tsoftmax[dt] = tsoftmax_k<T>;
-    t.tsoftmax_bwd[dt] = tsoftmax_bwd_k<T>;
     t.trope[dt] = trope_k<T>;
     t.sgd[dt] = sgd_k<T>;
     t.colsum[dt] = colsum_k<T>;
