@@ -130,6 +130,16 @@ inline M visnan(V a) { return {a.v != a.v}; }
 inline M vlt(V a, V b) { return {a.v < b.v}; }
 inline V vsel(M m, V a, V b) { return m.m ? a : b; }
 inline V vxor(V a, V b) { return {bits_f(f_bits(a.v) ^ f_bits(b.v))}; }
+// a as a value the compiler cannot see into (no instruction): GCC contracts a*b - c into one
+// FMA (-ffp-contract=fast is its default), which skips the rounding of a*b a caller may
+// rely on (vmath.h vexp_shift: x must be the rounded logit). Elsewhere than GCC/Clang on
+// x86, a.
+inline V vopaque(V a) {
+#if defined(__GNUC__) && (defined(__x86_64__) || defined(__i386__))
+    __asm__("" : "+x"(a.v));
+#endif
+    return a;
+}
 // round half away from zero: only ever used on |x| < 2^8, where that is all we need;
 // NaN maps to 0 (a NaN -> int cast is undefined behaviour in C++, unlike cvtps2dq).
 inline VI vcvt_i(V a) { return {a.v == a.v ? (int32_t)(a.v + (a.v >= 0.f ? 0.5f : -0.5f)) : 0}; }
@@ -186,6 +196,12 @@ inline M visnan(V a) { return {_mm256_cmp_ps(a.v, a.v, _CMP_UNORD_Q)}; }
 inline M vlt(V a, V b) { return {_mm256_cmp_ps(a.v, b.v, _CMP_LT_OQ)}; }
 inline V vsel(M m, V a, V b) { return {_mm256_blendv_ps(b.v, a.v, m.m)}; }
 inline V vxor(V a, V b) { return {_mm256_xor_ps(a.v, b.v)}; }
+inline V vopaque(V a) {  // see the scalar vopaque
+#if defined(__GNUC__)
+    __asm__("" : "+x"(a.v));
+#endif
+    return a;
+}
 inline VI vcvt_i(V a) { return {_mm256_cvtps_epi32(a.v)}; }  // MXCSR default: nearest-even
 inline VI operator+(VI a, VI b) { return {_mm256_add_epi32(a.v, b.v)}; }
 inline VI operator-(VI a, VI b) { return {_mm256_sub_epi32(a.v, b.v)}; }
@@ -249,6 +265,12 @@ inline M visnan(V a) { return {_mm512_cmp_ps_mask(a.v, a.v, _CMP_UNORD_Q)}; }
 inline M vlt(V a, V b) { return {_mm512_cmp_ps_mask(a.v, b.v, _CMP_LT_OQ)}; }
 inline V vsel(M m, V a, V b) { return {_mm512_mask_blend_ps(m.m, b.v, a.v)}; }
 inline V vxor(V a, V b) { return {_mm512_xor_ps(a.v, b.v)}; }
+inline V vopaque(V a) {  // see the scalar vopaque; "v": any of zmm0-31
+#if defined(__GNUC__)
+    __asm__("" : "+v"(a.v));
+#endif
+    return a;
+}
 inline VI vcvt_i(V a) { return {_mm512_cvtps_epi32(a.v)}; }
 inline VI operator+(VI a, VI b) { return {_mm512_add_epi32(a.v, b.v)}; }
 inline VI operator-(VI a, VI b) { return {_mm512_sub_epi32(a.v, b.v)}; }

@@ -139,8 +139,9 @@ void tsoftmax_k(const void* xv, void* yv, int64_t rows, int64_t n, float scale, 
             continue;
         }
         const Prefetch pf = next_row(xr, n, r + 1 < rows, 2 * n);
+        // vopaque: the logits are rounded products (see vexp_shift)
         const auto zp = [&](int64_t i, int64_t k) {
-            V v = vload_part(xr + i, k, 0.f) * vs;
+            V v = vopaque(vload_part(xr + i, k, 0.f) * vs);
             if (!mr) return v;
             alignas(64) float mk[W];
             for (int64_t j = 0; j < W; ++j) mk[j] = (j < k && mr[i + j]) ? 1.0f : 0.0f;
@@ -149,9 +150,9 @@ void tsoftmax_k(const void* xv, void* yv, int64_t rows, int64_t n, float scale, 
         if (mr)
             softmax_row(
                 yr, n, len, e, nt, pf,
-                [&](int64_t i) { return vsel(vmask_u8(mr + i), vset(-10000.0f), vload(xr + i) * vs); }, zp);
+                [&](int64_t i) { return vsel(vmask_u8(mr + i), vset(-10000.0f), vopaque(vload(xr + i) * vs)); }, zp);
         else
-            softmax_row(yr, n, len, e, nt, pf, [&](int64_t i) { return vload(xr + i) * vs; }, zp);
+            softmax_row(yr, n, len, e, nt, pf, [&](int64_t i) { return vopaque(vload(xr + i) * vs); }, zp);
     }
     if (nt) stream_fence();
 }

@@ -123,6 +123,9 @@ inline V vdiv_1p_exp2(V a, V v) {
 // (Folding the subtraction into the multiply, x log2e - m log2e as one FMA, was measured and
 // dropped: the rounding of m log2e is a shift common to the row, which the normalisation
 // cancels, but for |m| near 1e30 that shift is 2^(6e22) and the row overflows.)
+// x must be a rounded value: a caller's x = a*scale goes through vopaque (simd.h), or GCC
+// contracts it with the subtraction into one FMA, the same unrounded shift (TE's scaled
+// softmax of a row with 1e30, scale 3, gave NaN; tests/test_tex_softmax.py).
 template <bool LP>
 inline V vexp_shift(V x, V m) {
     const V d = x - m;

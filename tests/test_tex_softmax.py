@@ -58,6 +58,22 @@ def test_scaled_masked_softmax(backend, dtype, mask_b):
     assert (y[:, :, 1][0] == 0).all() if mask_b == 1 else (y[0, :, 1] == 0).all()
 
 
+@pytest.mark.parametrize("backend", T.backends_for("scaled_softmax_forward"))
+@pytest.mark.parametrize("n", [2, 21, 64])
+def test_scaled_softmax_huge_logit_is_rounded_before_the_shift(backend, n):
+    """x*scale is a rounded fp32 logit: z - max(z) is exactly 0 at the max. GCC contracted
+    x*scale - max into one FMA (unrounded product minus the rounded max: +1e23 for x = 1e30,
+    scale 3), so e^(z - max) overflowed and the row came out NaN (tests/test_fuzz.py found it)."""
+    x = torch.zeros(1, 1, 1, n)
+    x[..., 0] = 1e30
+    x[..., 1:] = T.rand((1, 1, 1, n - 1), torch.float32, seed=4)
+    with T.forced(backend):
+        y = tex.scaled_softmax_forward(x, 3.0)
+    want = torch.zeros_like(x)
+    want[..., 0] = 1.0
+    assert torch.equal(y, want), y
+
+
 def test_masked_logit_is_replaced_not_added():
     x = torch.tensor([[[[20000.0, 0.0]]]])
     mask = torch.tensor([[[[1, 0]]]], dtype=torch.uint8)
