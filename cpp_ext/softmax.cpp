@@ -36,8 +36,8 @@ inline M vmask_u8(const uint8_t* p) {
 // z(i) gives the logits of lanes [i, i+W), zp(i, k) those of a partial vector (lanes >= k
 // anything: they are dropped here). e: n floats of scratch. KEEP: the max pass stores z in e
 // and the exp pass reads it back, for logits that cost more to recompute than a load: the
-// mask's on 16-bit data (bf16 masked recomputed 0.85x the previous kernel, kept 0.99-1.00x;
-// fp32 masked kept 0.92-0.93x, recomputed 0.97x; aligned out=, /tmp-style A/B of 3 copies).
+// mask's on 16-bit data (aligned out=, 3 copies of each build against the two-kernel build:
+// bf16 masked recomputed 0.85x, kept 0.99-1.00x; fp32 kept 0.92-0.93x, recomputed 0.97-1.00x).
 template <bool KEEP, class T, class Z, class ZP>
 inline void softmax_row(T* yr, int64_t n, int64_t len, float* e, bool nt, Prefetch pf, const Z& z_, const ZP& zp_) {
     const auto z = [&](int64_t i) {
