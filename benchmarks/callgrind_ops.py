@@ -20,7 +20,8 @@ Timings on a shared 2-core VM are noisy; instruction counts are not. Two counter
 
 Both run one thread (``OMP_NUM_THREADS=1``) on the benchmark's own cases
 (``tensor_ops._bench_cases.bench_case``: (rows, 4096), rope (32, rows, 128) with (rows, 128)
-float32 tables), ``out`` 16 bytes past a 64-byte boundary (``--out-offset``), and force the
+float32 tables; add_rms_norm / add_layer_norm with both outputs there), ``out`` 16 bytes past
+a 64-byte boundary (``--out-offset``), and force the
 streaming-store path (``_set_tuning(nontemporal_threshold_bytes
 =0)``), which the kernels take at the memory-bound sizes (8192x4096).
 
@@ -44,7 +45,8 @@ import subprocess
 import sys
 import tempfile
 
-OPS = ["rms_norm", "layer_norm", "softmax", "silu", "gelu", "gelu_tanh", "relu", "swiglu", "geglu", "rope"]
+OPS = ["rms_norm", "layer_norm", "softmax", "silu", "gelu", "gelu_tanh", "relu", "swiglu", "geglu", "rope",
+       "add_rms_norm", "add_layer_norm"]
 DTYPES = ["float32", "float16", "bfloat16"]
 COLS = 4096
 # Kernel symbol (as callgrind_annotate prints it, after the ISA namespace) per op; {T} is the
@@ -59,6 +61,8 @@ SYMBOL = {
     "gelu_tanh": "unary_k<{T}, 3>",
     "swiglu": "glu_k<{T}, 0>",
     "geglu": "glu_k<{T}, 1>",
+    "add_rms_norm": "add_rms_norm_k<{T}>",
+    "add_layer_norm": "add_layer_norm_k<{T}>",
 }
 CTYPE = {"float32": "float", "float16": "f16", "bfloat16": "bf16"}
 
@@ -79,10 +83,19 @@ def _case(op: str, dtype: str, rows: int, out_offset: int = 16):
     _cpp._set_tuning(nontemporal_threshold_bytes=0)  # streaming stores, as at 8192x4096
     case = bench_case(op, dtype, rows, COLS)  # "gelu_tanh": gelu(x, "tanh")
     size = int(np.prod(case.out_shape)) * case.x.dtype.itemsize
-    raw = np.empty(size + 128, np.uint8)
-    start = (-raw.ctypes.data) % 64 + out_offset
-    y = raw[start:start + size].view(case.x.dtype).reshape(case.out_shape)
+
+    def out():
+        raw = np.empty(size + 128, np.uint8)
+        start = (-raw.ctypes.data) % 64 + out_offset
+        return raw[start:start + size].view(case.x.dtype).reshape(case.out_shape)
+    y = out()
     fn = getattr(to, case.op)
+    if op.startswith("add_"):  # the fused residual add: both outputs at the same offset
+        res = out()
+
+        def call():
+            fn(case.x, *case.args, out=(y, res))
+        return call, case.x.size
 
     def call():
         fn(case.x, *case.args, out=y)
