@@ -342,12 +342,12 @@ def test_ab_builds_compares_two_loaded_builds(capsys):
     # --copies: every load its own module (one name for all returned the first module object)
     again = mod.load_other(_cpp.__file__)
     assert again is not other and again.rms_norm is not other.rms_norm
-    mod.main([_cpp.__file__, "--ops", "rms_norm", "add_rms_norm", "gelu_tanh", "rope",
-              "--dtypes", "float32", "bfloat16", "--rows", "8", "--rounds", "1"])
+    ops = ("rms_norm", "add_rms_norm", "gelu_tanh", "rope", "tex_softmax", "tex_softmax_mask",
+           "tex_softmax_causal", "tex_softmax_bwd")
+    mod.main([_cpp.__file__, "--ops", *ops, "--dtypes", "float32", "bfloat16", "--rows", "16", "--rounds", "1"])
     out = capsys.readouterr().out
-    ops = ("rms_norm", "add_rms_norm", "gelu_tanh", "rope")
     lines = [ln for ln in out.splitlines() if ln.split() and ln.split()[0] in ops]
-    assert len(lines) == 8 and not any("error" in ln for ln in lines), out
+    assert len(lines) == 16 and not any("error" in ln for ln in lines), out
 
 
 def test_bench_cuda_preset_parses_and_explains_a_missing_gpu(capsys):
