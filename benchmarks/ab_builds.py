@@ -26,7 +26,8 @@ disagree instead of as a speed-up.
 The cases are the benchmark's own (``_bench_cases.bench_case``: (rows, 4096), rope (32, rows,
 128)), ``out=`` given as ``np.empty`` gives it (16 bytes past a 64-byte boundary); and TE's
 scaled softmax as tex calls it (``tex_softmax``, ``tex_softmax_mask``, ``tex_softmax_causal``,
-``tex_softmax_bwd``: the extension's entry points on (rows, 4096)).
+``tex_softmax_bwd``: the extension's entry points on (rows, 4096)). ``--out-offset 0`` puts the
+outputs on a 64-byte boundary instead, as torch allocates them (what TE's calls see).
 """
 from __future__ import annotations
 
@@ -75,13 +76,23 @@ def _native(a):
 TEX_SOFTMAX = {"tex_softmax": (0, 1, 1), "tex_softmax_mask": (1, 16, None), "tex_softmax_causal": (2, 1, 4096)}
 
 
-def _tex_calls(mod, op: str, dtype: str, rows: int):
+def _out_like(a, offset):
+    """An uninitialised array like ``a``: np.empty's (None) or starting ``offset`` bytes past a
+    64-byte boundary (0: aligned, as torch allocates)."""
+    if offset is None:
+        return np.empty_like(a)
+    raw = np.empty(a.nbytes + 128, np.uint8)
+    start = (-raw.ctypes.data) % 64 + offset
+    return raw[start:start + a.nbytes].view(a.dtype).reshape(a.shape)
+
+
+def _tex_calls(mod, op: str, dtype: str, rows: int, offset=None):
     """tex_softmax* / tex_softmax_bwd on ``mod``: scale 0.125, a 20 % uint8 mask, causal rows of
-    4096 (square blocks), out= from np.empty like the other cases."""
+    4096 (square blocks), out= as for the other cases."""
     rng = np.random.default_rng(0)
     x, bf = _native(rng.standard_normal((rows, 4096), np.float32).astype(dtype))
     kw = {"dtype": bf} if bf else {}
-    out = np.empty_like(x)
+    out = _out_like(x, offset)
     if op == "tex_softmax_bwd":
         dy = np.empty_like(x)
         dy[...] = x[::-1]
@@ -92,15 +103,18 @@ def _tex_calls(mod, op: str, dtype: str, rows: int):
     return lambda: mod.tex_softmax(x, out, 0.125, mode, mask, heads, sq, 0, **kw)
 
 
-def calls(mod, op: str, dtype: str, rows: int):
-    """A no-argument call of ``op`` on ``mod`` with the benchmark's case, out= given."""
+def calls(mod, op: str, dtype: str, rows: int, offset=None):
+    """A no-argument call of ``op`` on ``mod`` with the benchmark's case, out= given (np.empty's,
+    or ``offset`` bytes past a 64-byte boundary)."""
     if op.startswith("tex_softmax"):
-        return _tex_calls(mod, op, dtype, rows)
+        return _tex_calls(mod, op, dtype, rows, offset)
     case = bench_case(op, dtype, rows)
     x, bf = _native(case.x)
     args = [_native(a)[0] if isinstance(a, np.ndarray) else a for a in case.args]
     kw = {"dtype": bf} if bf else {}
     outs = case.empty_out()
+    if offset is not None:
+        outs = tuple(_out_like(o, offset) for o in outs) if isinstance(outs, tuple) else _out_like(outs, offset)
     if isinstance(outs, tuple):
         o1, o2 = (_native(o)[0] for o in outs)
         return lambda: getattr(mod, case.op)(x, *args, out=o1, residual_out=o2, **kw)
@@ -117,6 +131,9 @@ def main(argv=None) -> None:
     ap.add_argument("--rows", type=int, default=8192)
     ap.add_argument("--rounds", type=int, default=9)
     ap.add_argument("--copies", type=int, default=2, help="loaded copies of each build (see above)")
+    ap.add_argument("--out-offset", type=int, default=None,
+                    help="outputs this many bytes past a 64-byte boundary (0: aligned, as torch's); "
+                         "default: where np.empty puts them (16 past)")
     args = ap.parse_args(argv)
     with tempfile.TemporaryDirectory() as tmp:
         builds = {}
@@ -127,7 +144,7 @@ def main(argv=None) -> None:
                 shutil.copyfile(path, copy)
                 mods.append(load_other(copy))
             builds[name] = mods
-        fns = {(op, dt, name, c): calls(m, op, dt, args.rows)
+        fns = {(op, dt, name, c): calls(m, op, dt, args.rows, args.out_offset)
                for op in args.ops for dt in args.dtypes for name, mods in builds.items() for c, m in enumerate(mods)}
         t = _bench.time_rounds(fns, 0, args.rounds)
     print(f"# this build: {_cpp.__file__}\n# other: {args.other}\n# {args.rounds} interleaved rounds, "
@@ -141,13 +158,13 @@ def main(argv=None) -> None:
             if bad:
                 print(f"{op:16s} {dt:9s} error: {bad[0]}")
                 continue
-            mean = {name: _bench.Timing([statistics.median(r) for r in zip(*(x.times for x in xs))])
-                    for name, xs in per.items()}
+            per_round = {name: _bench.Timing([statistics.median(r) for r in zip(*(x.times for x in xs))])
+                         for name, xs in per.items()}
             copies = " | ".join(" ".join(f"{statistics.median(x.times) * 1e3:.2f}" for x in per[name])
                                 for name in ("other", "this"))
-            speed = _bench.median_ratio(mean["other"], mean["this"])
-            print(f"{op:16s} {dt:9s} {statistics.median(mean['other'].times) * 1e3:9.2f} "
-                  f"{statistics.median(mean['this'].times) * 1e3:9.2f} {speed:6.2f}  {copies}")
+            speed = _bench.median_ratio(per_round["other"], per_round["this"])
+            print(f"{op:16s} {dt:9s} {statistics.median(per_round['other'].times) * 1e3:9.2f} "
+                  f"{statistics.median(per_round['this'].times) * 1e3:9.2f} {speed:6.2f}  {copies}")
 
 
 if __name__ == "__main__":

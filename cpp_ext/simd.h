@@ -415,27 +415,14 @@ struct Prefetch {
     }
 };
 
-// Two rows' prefetches stepped together (a write pass whose next row has two inputs).
-struct Prefetch2 {
-    Prefetch a, b;
-    inline void operator()() {
-        a();
-        b();
-    }
-    inline void rest() {
-        a.rest();
-        b.rest();
-    }
-};
-
 // Write y[0, n) from a vector generator. `full(i)` computes lanes [i, i+W) from full
 // loads; `part(i, k)` computes them from partial loads (only k lanes valid). With nt
 // (large outputs) the body uses non-temporal stores: they skip the read-for-ownership of
 // the destination, which is what lets a read+write kernel reach memcpy speed; that needs
 // W*sizeof(T)-aligned addresses, so a partial head runs until y is aligned. pf: the next
-// row's prefetch (above, or a Prefetch2), stepped once per two vectors.
-template <class T, class Full, class Part, class PF = Prefetch>
-inline void write_row(T* y, int64_t n, bool nt, const Full& full, const Part& part, PF pf = PF()) {
+// row's prefetch (above), stepped once per two vectors.
+template <class T, class Full, class Part>
+inline void write_row(T* y, int64_t n, bool nt, const Full& full, const Part& part, Prefetch pf = Prefetch()) {
     int64_t i = 0;
     if (nt && W > 1) {
         const uintptr_t A = (uintptr_t)W * sizeof(T);
