@@ -26,8 +26,11 @@ disagree instead of as a speed-up.
 The cases are the benchmark's own (``_bench_cases.bench_case``: (rows, 4096), rope (32, rows,
 128)), ``out=`` given as ``np.empty`` gives it (16 bytes past a 64-byte boundary); and TE's
 scaled softmax as tex calls it (``tex_softmax``, ``tex_softmax_mask``, ``tex_softmax_causal``,
-``tex_softmax_bwd``: the extension's entry points on (rows, 4096)). ``--out-offset 0`` puts the
-outputs on a 64-byte boundary instead, as torch allocates them (what TE's calls see).
+``tex_softmax_bwd``: the extension's entry points on (rows, 4096)) and TE's activation
+derivatives (``tex_d<act>``, e.g. ``tex_dgelu``; ``tex_dbias_d<act>`` with the bias gradient)
+and norm backwards (``tex_rms_norm_bwd``, ``tex_layer_norm_bwd``: dx and dgamma (+ dbeta)).
+``--out-offset 0`` puts every array of a call (inputs and outputs) on a 64-byte boundary
+instead, at one page offset, as torch allocates them (what TE's calls see).
 """
 from __future__ import annotations
 
@@ -81,20 +84,50 @@ def _out_like(a, offset):
     64-byte boundary (0: aligned, as torch allocates)."""
     if offset is None:
         return np.empty_like(a)
-    raw = np.empty(a.nbytes + 128, np.uint8)
-    start = (-raw.ctypes.data) % 64 + offset
+    raw = np.empty(a.nbytes + 4096 + 128, np.uint8)
+    start = (-raw.ctypes.data) % 4096 + 64 + offset  # page + 64 + offset, whatever the size
     return raw[start:start + a.nbytes].view(a.dtype).reshape(a.shape)
+
+
+def _placed(a, offset):
+    """``a`` itself (None), or a copy ``offset`` bytes past a 64-byte boundary: with
+    --out-offset every array of a call sits at the same page offset, as torch allocates them
+    all (page + 64). An output a line or two past its input's page offset is another case: it
+    can run 2x slower (fp32 gelu, input at page + 16 and output at page + 64: 11.4 against
+    5.9 ms), the stores matching the next loads' low 12 address bits (4 KiB aliasing)."""
+    if offset is None:
+        return a
+    b = _out_like(a, offset)
+    b[...] = a
+    return b
 
 
 def _tex_calls(mod, op: str, dtype: str, rows: int, offset=None):
     """tex_softmax* / tex_softmax_bwd on ``mod``: scale 0.125, a 20 % uint8 mask, causal rows of
     4096 (square blocks), out= as for the other cases."""
     rng = np.random.default_rng(0)
-    x, bf = _native(rng.standard_normal((rows, 4096), np.float32).astype(dtype))
+    x, bf = _native(_placed(rng.standard_normal((rows, 4096), np.float32).astype(dtype), offset))
     kw = {"dtype": bf} if bf else {}
     out = _out_like(x, offset)
+    if op.startswith("tex_d"):  # tex_d<act>, tex_dbias_d<act>
+        g = _out_like(x, offset)
+        g[...] = x[::-1]
+        kind = mod.DACT_CODES[op.rsplit("_d", 1)[1]]
+        db = np.zeros(4096, np.float32) if op.startswith("tex_dbias_d") else None
+        return lambda: mod.dact(g, x, out, kind, db, **kw)
+    if op in ("tex_rms_norm_bwd", "tex_layer_norm_bwd"):  # dx, dgamma (+ dbeta) from dz, x
+        dz = _out_like(x, offset)
+        dz[...] = x[::-1]
+        gamma = _placed(np.ones(4096, np.float32).astype(dtype), offset)
+        gamma = _native(gamma)[0]
+        rs = np.ones(rows, np.float32)
+        dg = np.empty_like(gamma)
+        if op == "tex_rms_norm_bwd":
+            return lambda: mod.rms_norm_bwd(dz, x, rs, gamma, out, dg, **kw)
+        mu, db = np.zeros(rows, np.float32), np.empty_like(gamma)
+        return lambda: mod.layer_norm_bwd(dz, x, mu, rs, gamma, out, dg, db, **kw)
     if op == "tex_softmax_bwd":
-        dy = np.empty_like(x)
+        dy = _out_like(x, offset)
         dy[...] = x[::-1]
         return lambda: mod.tex_softmax_bwd(dy, x, out, 0.125, **kw)
     mode, heads, sq = TEX_SOFTMAX[op]
@@ -106,11 +139,11 @@ def _tex_calls(mod, op: str, dtype: str, rows: int, offset=None):
 def calls(mod, op: str, dtype: str, rows: int, offset=None):
     """A no-argument call of ``op`` on ``mod`` with the benchmark's case, out= given (np.empty's,
     or ``offset`` bytes past a 64-byte boundary)."""
-    if op.startswith("tex_softmax"):
+    if op.startswith("tex_"):
         return _tex_calls(mod, op, dtype, rows, offset)
     case = bench_case(op, dtype, rows)
-    x, bf = _native(case.x)
-    args = [_native(a)[0] if isinstance(a, np.ndarray) else a for a in case.args]
+    x, bf = _native(_placed(case.x, offset))
+    args = [_native(_placed(a, offset))[0] if isinstance(a, np.ndarray) else a for a in case.args]
     kw = {"dtype": bf} if bf else {}
     outs = case.empty_out()
     if offset is not None:
@@ -132,7 +165,7 @@ def main(argv=None) -> None:
     ap.add_argument("--rounds", type=int, default=9)
     ap.add_argument("--copies", type=int, default=2, help="loaded copies of each build (see above)")
     ap.add_argument("--out-offset", type=int, default=None,
-                    help="outputs this many bytes past a 64-byte boundary (0: aligned, as torch's); "
+                    help="every array at page + 64 + this (0: aligned, as torch's); "
                          "default: where np.empty puts them (16 past)")
     args = ap.parse_args(argv)
     with tempfile.TemporaryDirectory() as tmp:

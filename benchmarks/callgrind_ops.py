@@ -20,7 +20,9 @@ Timings on a shared 2-core VM are noisy; instruction counts are not. Two counter
 
 Both run one thread (``OMP_NUM_THREADS=1``) on the benchmark's own cases
 (``tensor_ops._bench_cases.bench_case``: (rows, 4096), rope (32, rows, 128) with (rows, 128)
-float32 tables; add_rms_norm / add_layer_norm with both outputs there), ``out`` 16 bytes past
+float32 tables; add_rms_norm / add_layer_norm with both outputs there; ``tex_d<act>`` /
+``tex_dbias_d<act>``: TE's activation derivatives as tex calls them, ``_cpp.dact`` on (rows,
+4096), with the bias gradient for the second), ``out`` 16 bytes past
 a 64-byte boundary (``--out-offset``), and force the
 streaming-store path (``_set_tuning(nontemporal_threshold_bytes
 =0)``), which the kernels take at the memory-bound sizes (8192x4096).
@@ -46,7 +48,7 @@ import sys
 import tempfile
 
 OPS = ["rms_norm", "layer_norm", "softmax", "silu", "gelu", "gelu_tanh", "relu", "swiglu", "geglu", "rope",
-       "add_rms_norm", "add_layer_norm"]
+       "add_rms_norm", "add_layer_norm", "tex_dgelu", "tex_dbias_dgelu", "tex_dsilu", "tex_dbias_dsilu"]
 DTYPES = ["float32", "float16", "bfloat16"]
 COLS = 4096
 # Kernel symbol (as callgrind_annotate prints it, after the ISA namespace) per op; {T} is the
@@ -63,6 +65,10 @@ SYMBOL = {
     "geglu": "glu_k<{T}, 1>",
     "add_rms_norm": "add_rms_norm_k<{T}>",
     "add_layer_norm": "add_layer_norm_k<{T}>",
+    "tex_dgelu": "dact_k<{T}, 0>",  # kernels.h's DAct codes (TE's gelu is the tanh form)
+    "tex_dbias_dgelu": "dact_k<{T}, 0>",
+    "tex_dsilu": "dact_k<{T}, 1>",
+    "tex_dbias_dsilu": "dact_k<{T}, 1>",
 }
 CTYPE = {"float32": "float", "float16": "f16", "bfloat16": "bf16"}
 
@@ -81,6 +87,16 @@ def _case(op: str, dtype: str, rows: int, out_offset: int = 16):
     from tensor_ops._bench_cases import bench_case
 
     _cpp._set_tuning(nontemporal_threshold_bytes=0)  # streaming stores, as at 8192x4096
+    if op.startswith("tex_"):  # TE's activation derivatives (tex): grad, x -> out (+ dbias)
+        x = np.random.default_rng(0).standard_normal((rows, COLS), np.float32).astype(dtype)
+        g = np.ascontiguousarray(x[::-1])
+        yd = np.empty(x.nbytes + 128, np.uint8)
+        yd = yd[(-yd.ctypes.data) % 64 + out_offset:][:x.nbytes].view(x.dtype).reshape(x.shape)
+        kw = {"dtype": "bfloat16"} if dtype == "bfloat16" else {}
+        x, g, yd = ((a.view(np.int16) if kw else a) for a in (x, g, yd))
+        kind = _cpp.DACT_CODES[op.rsplit("_d", 1)[1]]
+        db = np.zeros(COLS, np.float32) if op.startswith("tex_dbias_") else None
+        return (lambda: _cpp.dact(g, x, yd, kind, db, **kw)), x.size
     case = bench_case(op, dtype, rows, COLS)  # "gelu_tanh": gelu(x, "tanh")
     size = int(np.prod(case.out_shape)) * case.x.dtype.itemsize
 

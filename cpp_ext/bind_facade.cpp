@@ -157,7 +157,7 @@ py::tuple add_norm(bool layer, const py::object& x_, const py::object& r_, const
     const int64_t bytes = x.size * es;
     NormParams np(w, bias, x.dt, n, false, bytes >= g_par_bytes);
     const int nth = threads_for(4 * bytes, rows);
-    std::unique_ptr<float[]> scratch(new float[(size_t)nth * (size_t)n]);
+    Scratch scratch((size_t)nth * (size_t)n, x.data);
     float* sc = scratch.get();
     const bool nt = use_nt(bytes);
     {
@@ -185,7 +185,7 @@ py::object softmax(const py::object& x_, const py::object& out_, const py::objec
     if (x.size == 0) return res;
     const int64_t bytes = x.size * ELSIZE[x.dt];
     const int nth = threads_for(2 * bytes, rows);
-    std::unique_ptr<float[]> scratch(new float[(size_t)nth * (size_t)n]);
+    Scratch scratch((size_t)nth * (size_t)n, x.data);
     auto k = g_k->softmax[x.dt];
     const int es = ELSIZE[x.dt];
     const bool nt = use_nt(bytes);

@@ -43,7 +43,7 @@ py::tuple norm_bwd(bool layer, const py::object& dz_, const py::object& x_, cons
     const int nth = rows ? threads_for(bytes, groups) : 1;
     const int nacc = layer ? 2 : 1;
     const bool nt = use_nt(x.size * es);
-    std::unique_ptr<float[]> acc(new float[(size_t)groups * nacc * (size_t)n + 1]);
+    Scratch acc((size_t)groups * nacc * (size_t)n + 1, x.data);
     {
         py::gil_scoped_release nogil;
         std::memset(acc.get(), 0, sizeof(float) * (size_t)groups * nacc * (size_t)n);

@@ -69,7 +69,7 @@ void dact(const py::object& g_, const py::object& x_, const py::object& out_, in
         return;
     }
     const int64_t groups = row_groups(rows);
-    std::unique_ptr<float[]> part(new float[(size_t)groups * n]());
+    Scratch part((size_t)groups * n, x.data, true);
     parallel_row_groups(rows, threads_for(bytes, groups), [&](int64_t b, int64_t e, int64_t t, int) {  // t: the row group
         k(g.data + b * n * es, x.data + b * n * es, o.data + b * n * es, e - b, n, part.get() + (size_t)t * n, nt);
     });
@@ -122,7 +122,7 @@ void tex_softmax(const py::object& x_, const py::object& out_, float scale, int 
     const int es = ELSIZE[x.dt];
     const int nth = threads_for(2 * x.size * es, rows);
     const bool nt = use_nt(x.size * es);
-    std::unique_ptr<float[]> scratch(new float[(size_t)nth * (n + 64)]);
+    Scratch scratch((size_t)nth * (n + 64), x.data);
     py::gil_scoped_release nogil;
     parallel_units(rows, nth, [&](int64_t b, int64_t e, int t) {
         k(x.data + b * n * es, o.data + b * n * es, e - b, n, scale, mode, mask, mb, heads, b, sq, causal_off,
@@ -210,7 +210,7 @@ void col_sums(const py::object& x_, const py::object& out_, const py::object& dt
     const int64_t groups = row_groups(rows);
     const int nth = threads_for(x.size * es, groups);
     std::unique_ptr<double[]> tot(new double[(size_t)groups * n]());
-    std::unique_ptr<float[]> blk(new float[(size_t)nth * n]);
+    Scratch blk((size_t)nth * n, x.data);
     parallel_row_groups(rows, nth, [&](int64_t r0, int64_t r1, int64_t g, int t) {
         k(x.data + r0 * n * es, r1 - r0, n, blk.get() + (size_t)t * n, tot.get() + (size_t)g * n);
     });

@@ -9,6 +9,8 @@
 
 #include <atomic>
 #include <cstdint>
+#include <cstring>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -99,6 +101,29 @@ void parallel_flat(int64_t count, int64_t bytes, const F& f) {
         f(lo, hi, t);
     });
 }
+
+// Per-call fp32 scratch (softmax's exp row, the column partials of dbias and the norms'
+// backward, colsum's block): 64-byte aligned, half a page from `like` (the rows the kernel
+// streams) within a 4 KiB page. new float[] gave 16-byte alignment, so whether every vector
+// access of the scratch split two lines depended on the heap (bf16 softmax, tex softmax,
+// norm backward, dbias_dgelu: 1.08-1.39x aligned). Half a page: a load is first matched
+// against older stores by the low 12 address bits, and stores to the partials just past the
+// inputs' offset can stall the inputs' next loads (4 KiB aliasing); at x's own offset the fp32
+// norm backward ran 0.88-0.96x, half a page away 1.05-1.10x with torch's placement.
+// Figures: CONTRIBUTING.md, "Scratch".
+class Scratch {
+    std::unique_ptr<char[]> raw_;
+    float* p_;
+
+public:
+    Scratch(size_t floats, const void* like, bool zero = false) : raw_(new char[floats * sizeof(float) + 4096]) {
+        const uintptr_t base = (uintptr_t)raw_.get(), want = ((uintptr_t)like + 2048) % 4096 & ~(uintptr_t)63;
+        p_ = (float*)(base + (want - base % 4096 + 4096) % 4096);
+        if (zero) std::memset(p_, 0, floats * sizeof(float));
+    }
+    float* get() const { return p_; }
+    float& operator[](size_t i) const { return p_[i]; }
+};
 
 // Column reductions over rows (norm backward's dgamma/dbeta, the dbias of the d-activations)
 // whose result must not depend on the threads: per-thread partials, with chunks claimed
