@@ -8,6 +8,7 @@
 
 #include <initializer_list>
 #include <memory>
+#include <optional>
 #include <utility>
 
 #include "alloc.h"
@@ -30,17 +31,14 @@ namespace {
 struct NormParams {
     const float* w = nullptr;
     const float* b = nullptr;
-    std::unique_ptr<float[]> buf;
+    std::optional<Scratch> buf;  // 64-byte aligned (runtime.h)
     NormParams(const Arr& wa, const char* bias, int dt, int64_t n, bool zc, bool big) {
         auto off = [](const void* p) { return (uintptr_t)p % 64 != 0; };
         const bool cw = dt != DT_F32 || zc || (big && off(wa.data));
         const bool cb = bias && (dt != DT_F32 || (big && off(bias)));
         const int64_t stride = (n + 15) / 16 * 16;  // keeps the bias row 64-byte aligned too
         float* base = nullptr;
-        if (cw || cb) {
-            buf.reset(new float[(size_t)(2 * stride + 16)]);
-            base = buf.get() + ((16 - ((uintptr_t)buf.get() / 4) % 16) % 16);
-        }
+        if (cw || cb) base = buf.emplace((size_t)(2 * stride), wa.data).get();
         if (cw) {
             g_k->to_f32[dt](wa.data, base, n);
             if (zc)

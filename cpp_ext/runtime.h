@@ -106,7 +106,7 @@ void parallel_flat(int64_t count, int64_t bytes, const F& f) {
 // backward, colsum's block): 64-byte aligned, half a page from `like` (the rows the kernel
 // streams) within a 4 KiB page. new float[] gave 16-byte alignment, so whether every vector
 // access of the scratch split two lines depended on the heap (bf16 softmax, tex softmax,
-// norm backward, dbias_dgelu: 1.08-1.39x aligned). Half a page: a load is first matched
+// norm backward, dbias_dgelu: 1.08-1.29x aligned). Half a page: a load is first matched
 // against older stores by the low 12 address bits, and stores to the partials just past the
 // inputs' offset can stall the inputs' next loads (4 KiB aliasing); at x's own offset the fp32
 // norm backward ran 0.88-0.96x, half a page away 1.05-1.10x with torch's placement.
