@@ -87,27 +87,26 @@ def _case(op: str, dtype: str, rows: int, out_offset: int = 16):
     from tensor_ops._bench_cases import bench_case
 
     _cpp._set_tuning(nontemporal_threshold_bytes=0)  # streaming stores, as at 8192x4096
+
+    def out(dt, shape):
+        size = int(np.prod(shape)) * np.dtype(dt).itemsize
+        raw = np.empty(size + 128, np.uint8)
+        start = (-raw.ctypes.data) % 64 + out_offset
+        return raw[start:start + size].view(dt).reshape(shape)
     if op.startswith("tex_"):  # TE's activation derivatives (tex): grad, x -> out (+ dbias)
         x = np.random.default_rng(0).standard_normal((rows, COLS), np.float32).astype(dtype)
         g = np.ascontiguousarray(x[::-1])
-        yd = np.empty(x.nbytes + 128, np.uint8)
-        yd = yd[(-yd.ctypes.data) % 64 + out_offset:][:x.nbytes].view(x.dtype).reshape(x.shape)
+        yd = out(x.dtype, x.shape)
         kw = {"dtype": "bfloat16"} if dtype == "bfloat16" else {}
         x, g, yd = ((a.view(np.int16) if kw else a) for a in (x, g, yd))
         kind = _cpp.DACT_CODES[op.rsplit("_d", 1)[1]]
         db = np.zeros(COLS, np.float32) if op.startswith("tex_dbias_") else None
         return (lambda: _cpp.dact(g, x, yd, kind, db, **kw)), x.size
     case = bench_case(op, dtype, rows, COLS)  # "gelu_tanh": gelu(x, "tanh")
-    size = int(np.prod(case.out_shape)) * case.x.dtype.itemsize
-
-    def out():
-        raw = np.empty(size + 128, np.uint8)
-        start = (-raw.ctypes.data) % 64 + out_offset
-        return raw[start:start + size].view(case.x.dtype).reshape(case.out_shape)
-    y = out()
+    y = out(case.x.dtype, case.out_shape)
     fn = getattr(to, case.op)
     if op.startswith("add_"):  # the fused residual add: both outputs at the same offset
-        res = out()
+        res = out(case.x.dtype, case.out_shape)
 
         def call():
             fn(case.x, *case.args, out=(y, res))

@@ -183,7 +183,8 @@ void tsoftmax_k(const void* xv, void* yv, int64_t rows, int64_t n, float scale, 
 // dx = scale * y * (dy - sum(dy * y)) per row: the dot from memory, then the write from cache
 // while the next row's dy and y are prefetched, W elements of each per vector written. (The
 // Prefetch2 of write_row, a line of each per step, ran bf16 at 0.68x this with outputs on a
-// line: ab_builds.py --ops tex_softmax_bwd --out-offset 0 --copies 3.)
+// line: ab_builds.py --ops tex_softmax_bwd --out-offset 0 --copies 3 - taken before that option
+// placed the inputs too, so with out 48 bytes past x in the page: CONTRIBUTING "Placement".)
 template <class T>
 void tsoftmax_bwd_k(const void* dyv, const void* yv, void* dxv, int64_t rows, int64_t n, float scale, bool nt) {
     const T* dy = (const T*)dyv;
