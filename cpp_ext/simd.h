@@ -415,18 +415,31 @@ struct Prefetch {
     }
 };
 
+// Two rows' prefetches stepped together (norm.cpp's fused add writes two outputs per step).
+struct Prefetch2 {
+    Prefetch a, b;
+    inline void operator()() {
+        a();
+        b();
+    }
+    inline void rest() {
+        a.rest();
+        b.rest();
+    }
+};
+
 // Write y[0, n) from a vector generator. `full(i)` computes lanes [i, i+W) from full
 // loads; `part(i, k)` computes them from partial loads (only k lanes valid). With nt
 // (large outputs) the body uses non-temporal stores: they skip the read-for-ownership of
 // the destination, which is what lets a read+write kernel reach memcpy speed; that needs
 // W*sizeof(T)-aligned addresses, so a partial head runs until y is aligned. pf: the next
-// row's prefetch (above), stepped once per two vectors.
+// row's prefetch (above; Prefetch2 for two rows), stepped once per two vectors.
 // flatten: `full` is the loop body and must be inlined into it; GCC's inliner left some out of
 // line (tex_train.cpp's dact_k for bf16/fp16 and fp32 silu: one call per vector, bf16 dgelu
 // 3.19 instructions per element against 1.97 at fp32).
-template <class T, class Full, class Part>
+template <class T, class Full, class Part, class PF = Prefetch>
 __attribute__((flatten)) inline void write_row(T* y, int64_t n, bool nt, const Full& full, const Part& part,
-                                               Prefetch pf = Prefetch()) {
+                                               PF pf = PF()) {
     int64_t i = 0;
     if (nt && W > 1) {
         const uintptr_t A = (uintptr_t)W * sizeof(T);

@@ -264,6 +264,46 @@ def test_nontemporal_path_matches(C):
         C._set_tuning(-1, old)
 
 
+@pytest.mark.parametrize("dt", DTYPES)
+@pytest.mark.parametrize("layer", [False, True], ids=["add_rms_norm", "add_layer_norm"])
+def test_fused_add_outputs_at_every_placement(C, dt, layer):
+    """add_rms_norm / add_layer_norm write both outputs in one pass where they share their
+    offset within a vector (norm.cpp write_pair) and in two write_row passes where they do
+    not (and for 16-bit outputs off a vector): every combination, streaming stores forced
+    and not, in place too, gives the bits of the fresh-output call."""
+    rng = np.random.default_rng(11)
+    x, _, kw = as_dtype(rng.standard_normal((9, 203)), dt)
+    r, _, _ = as_dtype(rng.standard_normal((9, 203)), dt)
+    w, _, _ = as_dtype(rng.standard_normal(203), dt)
+    b, _, _ = as_dtype(rng.standard_normal(203), dt)
+
+    def call(xa, ra, out=None, res=None):
+        if layer:
+            return C.add_layer_norm(xa, ra, w, b, 1e-5, out, res, **kw)
+        return C.add_rms_norm(xa, ra, w, 1e-6, out, res, **kw)
+
+    want_y, want_s = call(x, r)
+    old = C.build_info()["nontemporal_threshold_bytes"]
+    try:
+        for threshold in (0, old):
+            C._set_tuning(-1, threshold)
+            buf_y = np.zeros(x.size + 40, x.dtype)
+            buf_s = np.zeros(x.size + 40, x.dtype)
+            for oy, os_ in [(0, 0), (1, 1), (8, 8), (3, 3), (0, 1), (2, 13), (16, 0)]:
+                y = buf_y[oy:oy + x.size].reshape(x.shape)
+                s = buf_s[os_:os_ + x.size].reshape(x.shape)
+                got_y, got_s = call(x, r, y, s)
+                assert got_y is y and got_s is s
+                np.testing.assert_array_equal(y, want_y, err_msg=f"y at +{oy}, s at +{os_}")
+                np.testing.assert_array_equal(s, want_s, err_msg=f"y at +{oy}, s at +{os_}")
+            xi, ri = x.copy(), r.copy()  # vLLM's in-place form
+            call(xi, ri, xi, ri)
+            np.testing.assert_array_equal(xi, want_y)
+            np.testing.assert_array_equal(ri, want_s)
+    finally:
+        C._set_tuning(-1, old)
+
+
 def test_empty_inputs_return_at_once(C):
     for shape in [(0, 8), (3, 0), (0,)]:
         x = np.empty(shape, np.float32)
