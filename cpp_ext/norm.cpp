@@ -2,8 +2,10 @@
 //
 // Forward kernels are single pass over memory: the row (16 KiB for n = 4096 fp32) is
 // read once for its statistics, stays in L1/L2, and is read again from cache for the
-// write pass, while the next row is prefetched (simd.h Prefetch). Statistics are accumulated in fp32 lanes inside 1024-element blocks and
-// in double across blocks, so very long rows stay accurate.
+// write pass, while the next row is prefetched (simd.h Prefetch); 16-bit rms_norm sums the
+// next row inside this row's write pass instead (rms_norm_k). Statistics are accumulated in
+// fp32 lanes inside 1024-element blocks and in double across blocks (variant.h BlockSum), so
+// very long rows stay accurate.
 #include "vmath.h"
 #include "variant.h"
 
@@ -53,26 +55,41 @@ void rms_norm_row_f64(const TX* xr, const float* w, T* yr, int64_t n, float eps,
 inline float rsqrt_of(double ss, int64_t n, float eps) { return (float)(1.0 / std::sqrt(ss / (double)n + (double)eps)); }
 
 // Each row: statistics (from memory), then the write from cache while the next row is
-// prefetched (simd.h Prefetch).
+// prefetched (simd.h Prefetch). 16-bit rows are pipelined: row r's write pass also sums row
+// r+1 from memory (StepWith over RowSum) while row r+2 is prefetched, so reads and writes
+// stream together instead of a read-only statistics pass between write passes (the first
+// row's sum is taken on its own). In-process A/B against the unpipelined form (ab_builds.py,
+// 3 copies, both placements): fp16 1.08-1.25x (median 1.18), bf16 0.94-1.23x (median 1.08);
+// fp32 0.90-1.07x and layer_norm 0.88-1.00x, so those keep their passes (CONTRIBUTING "Rows
+// pipelined"). RowSum adds in one order whoever steps it: the output is bitwise the same.
 template <class T>
 void rms_norm_k(const void* xv, const float* w, void* yv, int64_t rows, int64_t n, float eps, float* rsigma,
                 bool nt) {
+    constexpr bool PIPE = sizeof(T) == 2;
     const T* x = (const T*)xv;
     T* y = (T*)yv;
+    double ss = PIPE && rows > 0 ? row_sumsq(x, n) : 0.0;
     for (int64_t r = 0; r < rows; ++r) {
         const T* xr = x + r * n;
-        const double ss = row_sumsq(xr, n);
+        const bool more = r + 1 < rows;
+        if constexpr (!PIPE) ss = row_sumsq(xr, n);
         if (!std::isfinite(ss)) {  // fp32 lanes overflowed: this row in double (rare: scalar is fine)
             rms_norm_row_f64(xr, w, y + r * n, n, eps, rsigma ? rsigma + r : nullptr);
+            if constexpr (PIPE) ss = more ? row_sumsq(xr + n, n) : 0.0;
             continue;
         }
         const float rs = rsqrt_of(ss, n, eps);
         if (rsigma) rsigma[r] = rs;
         const V vrs = vset(rs);
-        write_row(
-            y + r * n, n, nt, [&](int64_t i) { return vload(xr + i) * vrs * vload(w + i); },
-            [&](int64_t i, int64_t k) { return vload_part(xr + i, k, 0.f) * vrs * vload_part(w + i, k, 0.f); },
-            next_row(xr, n, r + 1 < rows, n));
+        const auto full = [&](int64_t i) { return vload(xr + i) * vrs * vload(w + i); };
+        const auto part = [&](int64_t i, int64_t k) { return vload_part(xr + i, k, 0.f) * vrs * vload_part(w + i, k, 0.f); };
+        if constexpr (PIPE)
+            ss = write_row(y + r * n, n, nt, full, part,
+                           StepWith<RowSum<T, true>>{next_row(xr + n, n, r + 2 < rows, n),
+                                                     RowSum<T, true>({xr + n}, more ? n : 0)})
+                     .s.acc;
+        else
+            write_row(y + r * n, n, nt, full, part, next_row(xr, n, more, n));
     }
     if (nt) stream_fence();
 }
@@ -129,32 +146,28 @@ void layer_norm_k(const void* xv, const float* w, const float* b, void* yv, int6
 
 // ---- fused residual add (vLLM's fused_add_rms_norm) --------------------------------------
 // s = round_T(x + r) into an fp32 scratch row e: what res_out receives, so the norm sees the
-// stored residual, like an add in T followed by the norm. Returns the blocked sum (SQ: of
-// squares) of s, like row_sum / row_sumsq.
+// stored residual, like an add in T followed by the norm. As BlockSum's source, each vector
+// it gives is also stored to e; add_into returns the blocked sum (SQ: of squares) of s.
+template <class T>
+struct AddSrc {
+    const T* x;
+    const T* r;
+    float* e;
+    inline V full(int64_t i) const {
+        const V v = round_to<T>(vload(x + i) + vload(r + i));
+        vstore(e + i, v);
+        return v;
+    }
+    inline V part(int64_t i, int64_t k) const {
+        const V v = round_to<T>(ld(x + i, k) + ld(r + i, k));  // padded lanes: 0 + 0
+        st(e + i, v, k);
+        return v;
+    }
+};
+
 template <class T, bool SQ>
 inline double add_into(const T* x, const T* r, float* e, int64_t n) {
-    double acc = 0.0;
-    int64_t i = 0;
-    while (i < n) {
-        const int64_t end = (n - i > 1024) ? i + 1024 : n;
-        V a0 = vset(0.0f), a1 = vset(0.0f);
-        for (; i + 2 * W <= end; i += 2 * W) {
-            const V v0 = round_to<T>(vload(x + i) + vload(r + i)), v1 = round_to<T>(vload(x + i + W) + vload(r + i + W));
-            vstore(e + i, v0);
-            vstore(e + i + W, v1);
-            a0 = SQ ? vfma(v0, v0, a0) : a0 + v0;
-            a1 = SQ ? vfma(v1, v1, a1) : a1 + v1;
-        }
-        for (; i < end; i += W) {
-            const int64_t k = end - i < W ? end - i : W;
-            const V v = round_to<T>(ld(x + i, k) + ld(r + i, k));  // padded lanes: 0 + 0
-            st(e + i, v, k);
-            a0 = SQ ? vfma(v, v, a0) : a0 + v;
-        }
-        i = end;
-        acc += (double)hsum(a0 + a1);
-    }
-    return acc;
+    return BlockSum<AddSrc<T>, SQ>({x, r, e}, n).finish();
 }
 
 // Both outputs of a row in one pass over the scratch row e: write_row writes y from (full,

@@ -428,18 +428,36 @@ struct Prefetch2 {
     }
 };
 
+// The prefetch plus other work stepped with it: S is a functor with finish() (variant.h
+// RowSum: the next row's statistics summed during this row's write). write_row returns its
+// PF, so the caller reads S's result from what it gets back.
+template <class S>
+struct StepWith {
+    Prefetch pf;
+    S s;
+    inline void operator()() {
+        pf();
+        s();
+    }
+    inline void rest() {
+        pf.rest();
+        s.finish();
+    }
+};
+
 // Write y[0, n) from a vector generator. `full(i)` computes lanes [i, i+W) from full
 // loads; `part(i, k)` computes them from partial loads (only k lanes valid). With nt
 // (large outputs) the body uses non-temporal stores: they skip the read-for-ownership of
 // the destination, which is what lets a read+write kernel reach memcpy speed; that needs
 // W*sizeof(T)-aligned addresses, so a partial head runs until y is aligned. pf: the next
-// row's prefetch (above; Prefetch2 for two rows), stepped once per two vectors.
+// row's prefetch (above; Prefetch2 for two rows, StepWith for a prefetch plus other work),
+// stepped once per two vectors and returned.
 // flatten: `full` is the loop body and must be inlined into it; GCC's inliner left some out of
 // line (tex_train.cpp's dact_k for bf16/fp16 and fp32 silu: one call per vector, bf16 dgelu
 // 3.19 instructions per element against 1.97 at fp32).
 template <class T, class Full, class Part, class PF = Prefetch>
-__attribute__((flatten)) inline void write_row(T* y, int64_t n, bool nt, const Full& full, const Part& part,
-                                               PF pf = PF()) {
+__attribute__((flatten)) inline PF write_row(T* y, int64_t n, bool nt, const Full& full, const Part& part,
+                                             PF pf = PF()) {
     int64_t i = 0;
     if (nt && W > 1) {
         const uintptr_t A = (uintptr_t)W * sizeof(T);
@@ -476,6 +494,7 @@ __attribute__((flatten)) inline void write_row(T* y, int64_t n, bool nt, const F
     }
     if (i < n) vstore_part(y + i, part(i, n - i), n - i);
     pf.rest();
+    return pf;  // its state: what a StepWith carried (the next row's sum)
 }
 
 // The Prefetch for the row after the one at x (n elements of T), spread over a write of n

@@ -28,49 +28,66 @@ inline void st(T* p, V v, int64_t k) {
     else vstore_part(p, v, k);
 }
 
-// Sum of squares of a row: fp32 vector accumulators inside blocks of 1024 elements,
+// A row's sum (SQ: of squares) in fp32 vector accumulators inside blocks of 1024 elements,
 // blocks added in double, so a 2^24-element row keeps ~1e-7 relative accuracy while the
-// inner loop stays pure SIMD.
-template <class T>
-inline double row_sumsq(const T* x, int64_t n) {
+// inner loop stays pure SIMD. Src gives the row's vectors (RowSrc below: a row in memory;
+// norm.cpp AddSrc: x + residual, stored as it goes). Taken a step at a time so that another
+// loop can carry it: 16-bit rms_norm sums row r+1 inside row r's write pass (norm.cpp). A step adds
+// two vectors of the current block, or closes the block (its tail in partial vectors, its
+// lanes into the double total); finish() takes what the steps left. The additions happen in
+// one order whoever steps it, so row r+1's statistics, and its output, are bitwise the same
+// whether they rode on row r's write (at any output placement) or were summed on their own.
+template <class Src, bool SQ>
+struct BlockSum {
+    Src src;  // full(i): lanes [i, i+W); part(i, k): k of them, the rest 0
+    int64_t n = 0, i = 0, e = 0;
+    bool open = false;  // a block is being summed
+    V a0 = vset(0.0f), a1 = vset(0.0f);
     double acc = 0.0;
-    int64_t i = 0;
-    while (i < n) {
-        const int64_t e = (n - i > 1024) ? i + 1024 : n;
-        V a0 = vset(0.0f), a1 = vset(0.0f);
-        for (; i + 2 * W <= e; i += 2 * W) {
-            V v0 = vload(x + i), v1 = vload(x + i + W);
-            a0 = vfma(v0, v0, a0);
-            a1 = vfma(v1, v1, a1);
-        }
-        for (; i < e; i += W) {
-            V v = ld(x + i, e - i < W ? e - i : W);
-            a0 = vfma(v, v, a0);
-        }
-        i = e;
-        acc += (double)hsum(a0 + a1);
+    BlockSum() = default;
+    BlockSum(Src s, int64_t n_) : src(s), n(n_), e(n_ > 1024 ? 1024 : n_), open(n_ > 0) {}
+    static inline V term(V v, V a) { return SQ ? vfma(v, v, a) : a + v; }
+    inline void pair() {
+        a0 = term(src.full(i), a0);
+        a1 = term(src.full(i + W), a1);
+        i += 2 * W;
     }
-    return acc;
-}
+    void close() {
+        for (; i < e; i += W) a0 = term(src.part(i, e - i < W ? e - i : W), a0);
+        acc += (double)hsum(a0 + a1);
+        a0 = a1 = vset(0.0f);
+        open = i < n;
+        e = (n - i > 1024) ? i + 1024 : n;
+    }
+    inline void operator()() {
+        if (i + 2 * W <= e) pair();
+        else if (open) close();
+    }
+    inline double finish() {
+        while (open) {
+            while (i + 2 * W <= e) pair();
+            close();
+        }
+        return acc;
+    }
+};
 
-// Sum of (x - c): same blocking as row_sumsq.
+// A row of T in memory as BlockSum's source.
 template <class T>
-inline double row_sum(const T* x, int64_t n) {
-    double acc = 0.0;
-    int64_t i = 0;
-    while (i < n) {
-        const int64_t e = (n - i > 1024) ? i + 1024 : n;
-        V a0 = vset(0.0f), a1 = vset(0.0f);
-        for (; i + 2 * W <= e; i += 2 * W) {
-            a0 = a0 + vload(x + i);
-            a1 = a1 + vload(x + i + W);
-        }
-        for (; i < e; i += W) a0 = a0 + ld(x + i, e - i < W ? e - i : W);
-        i = e;
-        acc += (double)hsum(a0 + a1);
-    }
-    return acc;
-}
+struct RowSrc {
+    const T* x;
+    inline V full(int64_t i) const { return vload(x + i); }
+    inline V part(int64_t i, int64_t k) const { return ld(x + i, k); }
+};
+
+template <class T, bool SQ>
+using RowSum = BlockSum<RowSrc<T>, SQ>;
+
+template <class T>
+inline double row_sumsq(const T* x, int64_t n) { return RowSum<T, true>({x}, n).finish(); }
+
+template <class T>
+inline double row_sum(const T* x, int64_t n) { return RowSum<T, false>({x}, n).finish(); }
 
 // Sum of (x - c)^2 (two-pass variance: no cancellation, unlike E[x^2] - E[x]^2). pf: a
 // prefetch of the next row (simd.h) stepped once per two vectors, when given.

@@ -304,6 +304,36 @@ def test_fused_add_outputs_at_every_placement(C, dt, layer):
         C._set_tuning(-1, old)
 
 
+@pytest.mark.parametrize("dt", DTYPES)
+@pytest.mark.parametrize("n", [7, 203, 1040, 2100])
+def test_rms_norm_rows_pipelined_match_rows_alone(C, dt, n):
+    """16-bit rms_norm sums row r+1 inside row r's write pass (norm.cpp, variant.h RowSum):
+    every row's output is bitwise that of the row passed alone, at every output placement,
+    streaming stores forced and not, in place, with a row redone in double (its squares
+    overflow fp32) between pipelined rows, and widths that end 1024-element blocks mid-pair."""
+    rng = np.random.default_rng(5)
+    v = rng.standard_normal((6, n)) * 3 + 1
+    if dt != "float16":
+        v[2, :2] = (1e20, -3e19)    # x² overflows fp32: the double redo, then the pipeline again
+    x, _, kw = as_dtype(v, dt)
+    w, _, _ = as_dtype(rng.standard_normal(n), dt)
+    want = np.concatenate([C.rms_norm(x[i:i + 1], w, 1e-6, **kw) for i in range(len(x))])
+    old = C.build_info()["nontemporal_threshold_bytes"]
+    try:
+        for threshold in (0, old):
+            C._set_tuning(-1, threshold)
+            buf = np.zeros(x.size + 40, x.dtype)
+            for off in (0, 1, 3, 8, 16):
+                y = buf[off:off + x.size].reshape(x.shape)
+                assert C.rms_norm(x, w, 1e-6, y, **kw) is y
+                np.testing.assert_array_equal(y, want, err_msg=f"out at +{off}")
+            xi = x.copy()
+            C.rms_norm(xi, w, 1e-6, xi, **kw)
+            np.testing.assert_array_equal(xi, want)
+    finally:
+        C._set_tuning(-1, old)
+
+
 def test_empty_inputs_return_at_once(C):
     for shape in [(0, 8), (3, 0), (0,)]:
         x = np.empty(shape, np.float32)
