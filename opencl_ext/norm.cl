@@ -34,13 +34,17 @@ void KN(rms_row)(__global const T *restrict xr, __global const T *restrict w, __
     }
     float ss = ROW_SUM(acc, scratch), sc = 1.0f, eps_s = eps;
     if (!isfinite(ss)) {
-        /* x^2 overflowed (|x| > ~1.8e19 on finite input): the sum again for x/max|x|, and
-         * y = x * (sc * rsqrt(ss'/n + eps*sc^2)), as layer_norm below does; inf/NaN rows keep
-         * the plain formula's NaN/0. Uniform over the work-group (ss is reduced), so the
-         * barriers inside ROW_MAX/ROW_SUM are reached by all items or none. */
+        /* x^2 overflowed (|x| > ~1.8e19 on finite input): the sum again for x*sc, sc the power
+         * of two that puts max|x| in [0.5, 1) (exact scaling, and never a subnormal scale: 1/max|x|
+         * was one above ~8.5e37, 0 on devices that flush subnormals), and y = x * (sc *
+         * rsqrt(ss'/n + eps*sc^2)), as layer_norm below does; inf/NaN rows keep the plain
+         * formula's NaN/0. Uniform over the work-group (ss is reduced), so the barriers inside
+         * ROW_MAX/ROW_SUM are reached by all items or none. */
         const float amax = KN(row_absmax)(xr, n, n8, scratch);
         if (isfinite(amax) && amax > 0.0f) {
-            sc = 1.0f / amax;
+            int e;
+            frexp(amax, &e);
+            sc = ldexp(1.0f, e < 126 ? -e : -126);
             eps_s = eps * sc * sc;
             float8 s8 = 0.0f;
             FOR_ROW(i, n8) {

@@ -39,19 +39,21 @@ def test_conformance(backend, case, kind):
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_rms_norm_rows_whose_squares_overflow(backend, n, dtype, op):
     """|x| > ~1.8e19 overflows x² in fp32: every backend redoes such a row (in double, or
-    scaled by 1/max|x|), so finite input gives the fp64 formula's values, not the 0 that
-    torch's F.rms_norm returns; rows holding inf/NaN keep NaN. The fuzzer compares these
-    rows against the oracle too (tests/test_fuzz.py)."""
+    scaled by a power of two), so finite input gives the fp64 formula's values, not the 0 that
+    torch's F.rms_norm returns; rows holding inf/NaN keep NaN. Row 6 holds 3e38, where the
+    scale 1/max|x| that OpenCL used was subnormal. The fuzzer compares these rows against the
+    oracle too (tests/test_fuzz.py)."""
     import numpy as np
 
     import tensor_ops as to
     backend_impl(op, backend)
-    rows = np.tile(np.linspace(-2.0, 3.0, n), (6, 1))
+    rows = np.tile(np.linspace(-2.0, 3.0, n), (7, 1))
     rows[0, :3] = (1e20, -3e19, 2e19)
     rows[1, :2] = (3e37, -1e37)
     rows[2] *= 1e30
     rows[3, 1] = np.inf
     rows[4, 2] = np.nan
+    rows[6, :2] = (3e38, -1e38)
     if dtype == "bfloat16":
         import ml_dtypes
         x = rows.astype(ml_dtypes.bfloat16)
@@ -73,7 +75,7 @@ def test_rms_norm_rows_whose_squares_overflow(backend, n, dtype, op):
     with np.errstate(over="ignore", invalid="ignore"):
         want = x64 / np.sqrt((x64 * x64).mean(-1, keepdims=True) + 1e-6) * w64
     rtol = 2e-5 if dtype == "float32" else 1e-2
-    ok = [0, 1, 2, 5]
+    ok = [0, 1, 2, 5, 6]
     np.testing.assert_allclose(y[ok], want[ok], rtol=rtol, atol=rtol)
     assert np.isnan(y[3]).any() and np.isnan(y[4]).all()
 

@@ -44,7 +44,7 @@ def rms_norm(x, weight, eps, out):
     if xf.dtype != np.float64 and xf.size and not np.isfinite(ms).all():
         # x² overflowed fp32 (|x| > ~1.8e19) in a row of finite values: that row again in
         # float64, so finite input never becomes 0 (torch's F.rms_norm returns 0 there). The
-        # cpp, OpenCL and CUDA kernels redo such rows too (in double, or scaled by 1/max|x|);
+        # cpp, OpenCL and CUDA kernels redo such rows too (in double, or scaled by a power of two);
         # rows holding inf/NaN keep the formula's 0/NaN.
         bad = ~np.isfinite(ms[..., 0]) & np.isfinite(xf).all(-1)
         if bad.any():
