@@ -22,12 +22,12 @@ float KN(row_absmax)(__global const T *restrict xr, const int n, const int n8, _
 void KN(rms_row)(__global const T *restrict xr, __global const T *restrict w, __global T *restrict yr,
                  const int n, const int n8, const float eps, __local float *scratch)
 {
-    float8 acc8 = 0.0f;          /* lane sums, one horizontal sum per row, not per step */
+    sum8 acc8 = sum8_new();      /* lane sums, one horizontal sum per row, not per step */
     FOR_ROW(i, n8) {
         const float8 v = LD8(i, xr);
-        acc8 += v * v;
+        sum8_add(&acc8, v * v);
     }
-    float acc = hsum8(acc8);
+    float acc = sum8_total(&acc8);
     for (int i = (n8 << 3) + ROW_LID; i < n; i += ROW_STEP) {
         const float v = LD1(i, xr);
         acc += v * v;
@@ -46,12 +46,12 @@ void KN(rms_row)(__global const T *restrict xr, __global const T *restrict w, __
             frexp(amax, &e);
             sc = ldexp(1.0f, e < 126 ? -e : -126);
             eps_s = eps * sc * sc;
-            float8 s8 = 0.0f;
+            sum8 s8 = sum8_new();
             FOR_ROW(i, n8) {
                 const float8 v = LD8(i, xr) * sc;
-                s8 += v * v;
+                sum8_add(&s8, v * v);
             }
-            float a = hsum8(s8);
+            float a = sum8_total(&s8);
             for (int i = (n8 << 3) + ROW_LID; i < n; i += ROW_STEP) {
                 const float v = LD1(i, xr) * sc;
                 a += v * v;
@@ -85,19 +85,19 @@ KERNEL void KN(rms_norm)(__global const T *restrict x, __global const T *restric
 void KN(ln_moments)(__global const T *restrict xr, const int n, const int n8, const float sc,
                     float *mean, float *var, __local float *scratch)
 {
-    float8 s1 = 0.0f;
+    sum8 s1 = sum8_new();
     FOR_ROW(i, n8)
-        s1 += LD8(i, xr) * sc;
-    float a1 = hsum8(s1);
+        sum8_add(&s1, LD8(i, xr) * sc);
+    float a1 = sum8_total(&s1);
     for (int i = (n8 << 3) + ROW_LID; i < n; i += ROW_STEP)
         a1 += LD1(i, xr) * sc;
     const float m = ROW_SUM(a1, scratch) / (float)n;
-    float8 s2 = 0.0f;
+    sum8 s2 = sum8_new();
     FOR_ROW(i, n8) {
         const float8 d = LD8(i, xr) * sc - m;
-        s2 += d * d;
+        sum8_add(&s2, d * d);
     }
-    float a2 = hsum8(s2);
+    float a2 = sum8_total(&s2);
     for (int i = (n8 << 3) + ROW_LID; i < n; i += ROW_STEP) {
         const float d = LD1(i, xr) * sc - m;
         a2 += d * d;
@@ -129,13 +129,13 @@ void KN(ln_row)(__global const T *restrict xr, __global const T *restrict w, __g
     k = isfinite(k) ? k : 0.0f;          /* an inf/NaN row must still come out NaN */
     float sc = 1.0f, eps_s = eps, mean, var, m1;
     {
-        float8 s1 = 0.0f, s2 = 0.0f;
+        sum8 s1 = sum8_new(), s2 = sum8_new();
         FOR_ROW(i, n8) {
             const float8 d = LD8(i, xr) - k;
-            s1 += d;
-            s2 += d * d;
+            sum8_add(&s1, d);
+            sum8_add(&s2, d * d);
         }
-        float a1 = hsum8(s1), a2 = hsum8(s2);
+        float a1 = sum8_total(&s1), a2 = sum8_total(&s2);
         for (int i = (n8 << 3) + ROW_LID; i < n; i += ROW_STEP) {
             const float d = LD1(i, xr) - k;
             a1 += d;

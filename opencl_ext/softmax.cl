@@ -30,8 +30,12 @@ KERNEL void KN(softmax)(__global const T *restrict x, __global T *restrict y, co
     float acc = 0.0f;
 #if STORAGE == 2
     /* fp16: recompute exp in the last pass, so the output is rounded to half only once */
-    FOR_ROW(i, n8)
-        acc += hsum8(exp8(LD8(i, xr) - m));
+    {
+        sum8 a8 = sum8_new();
+        FOR_ROW(i, n8)
+            sum8_add(&a8, exp8(LD8(i, xr) - m));
+        acc = sum8_total(&a8);
+    }
     for (int i = (n8 << 3) + ROW_LID; i < n; i += ROW_STEP)
         acc += exp1(LD1(i, xr) - m);
     const float sum = ROW_SUM(acc, scratch);     /* every work-item reaches the barrier */
@@ -44,13 +48,13 @@ KERNEL void KN(softmax)(__global const T *restrict x, __global T *restrict y, co
     /* fp32: store exp(x - max), then rescale in place (one exp per element; each
      * work-item rereads only what it wrote, from cache). Both are cached stores (STC8):
      * a streaming store to a line just written through the cache is ~2x slower on PoCL. */
-    float8 acc8 = 0.0f;
+    sum8 acc8 = sum8_new();
     FOR_ROW(i, n8) {
         const float8 e = exp8(LD8(i, xr) - m);
         STC8(e, i, yr);
-        acc8 += e;
+        sum8_add(&acc8, e);
     }
-    acc = hsum8(acc8);
+    acc = sum8_total(&acc8);
     for (int i = (n8 << 3) + ROW_LID; i < n; i += ROW_STEP) {
         const float e = exp1(LD1(i, xr) - m);
         ST1(e, i, yr);

@@ -80,6 +80,36 @@ def test_rms_norm_rows_whose_squares_overflow(backend, n, dtype, op):
     assert np.isnan(y[3]).any() and np.isnan(y[4]).all()
 
 
+@pytest.mark.parametrize("op", ["rms_norm", "layer_norm", "softmax"])
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_long_rows_keep_fp32_accuracy(backend, op):
+    """A 2^22-element fp32 row: the row's sums must not lose accuracy with its length (OpenCL's
+    float8 lanes added 2^19 terms each: rms_norm 5.5e-6 and softmax 3.4e-6 relative error; its
+    lanes now fold into compensated totals every 128 steps, as the C++ backend's fp32 blocks
+    of 1024 fold into double). Relative checks: softmax's outputs are ~2e-7 each."""
+    import numpy as np
+
+    import tensor_ops as to
+    backend_impl(op, backend)
+    n = 1 << 22
+    x = (np.random.default_rng(3).standard_normal((1, n)) + 3.0).astype(np.float32)
+    x64 = x.astype(np.float64)
+    with tt.strict():
+        if op == "rms_norm":
+            y = to.rms_norm(x, np.ones(n, np.float32), 1e-6, backend=backend)
+            want = x64 / np.sqrt((x64 * x64).mean(-1, keepdims=True) + 1e-6)
+        elif op == "layer_norm":
+            y = to.layer_norm(x, np.ones(n, np.float32), np.zeros(n, np.float32), 1e-6, backend=backend)
+            d = x64 - x64.mean(-1, keepdims=True)
+            want = d / np.sqrt((d * d).mean(-1, keepdims=True) + 1e-6)
+        else:
+            y = to.softmax(x, backend=backend)
+            e = np.exp(x64 - x64.max(-1, keepdims=True))
+            want = e / e.sum(-1, keepdims=True)
+    atol = 1e-5 if op == "layer_norm" else 0.0    # layer_norm's outputs cross zero
+    np.testing.assert_allclose(y.astype(np.float64), want, rtol=1.3e-6, atol=atol)
+
+
 @pytest.mark.parametrize("op", ["layer_norm", "add_layer_norm"])
 @pytest.mark.parametrize("n", [37, 4096])
 @pytest.mark.parametrize("backend", BACKENDS)
