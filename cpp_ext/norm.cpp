@@ -2,8 +2,8 @@
 //
 // Forward kernels are single pass over memory: the row (16 KiB for n = 4096 fp32) is
 // read once for its statistics, stays in L1/L2, and is read again from cache for the
-// write pass, while the next row is prefetched (simd.h Prefetch); 16-bit rms_norm sums the
-// next row inside this row's write pass instead (rms_norm_k). Statistics are accumulated in
+// write pass, while the next row is prefetched (simd.h Prefetch); rms_norm sums the next
+// row inside this row's write pass instead (rms_norm_k). Statistics are accumulated in
 // fp32 lanes inside 1024-element blocks and in double across blocks (variant.h BlockSum), so
 // very long rows stay accurate.
 #include "vmath.h"
@@ -54,42 +54,38 @@ void rms_norm_row_f64(const TX* xr, const float* w, T* yr, int64_t n, float eps,
 
 inline float rsqrt_of(double ss, int64_t n, float eps) { return (float)(1.0 / std::sqrt(ss / (double)n + (double)eps)); }
 
-// Each row: statistics (from memory), then the write from cache while the next row is
-// prefetched (simd.h Prefetch). 16-bit rows are pipelined: row r's write pass also sums row
-// r+1 from memory (StepWith over RowSum) while row r+2 is prefetched, so reads and writes
-// stream together instead of a read-only statistics pass between write passes (the first
-// row's sum is taken on its own). In-process A/B against the unpipelined form (ab_builds.py,
-// 3 copies, both placements): fp16 1.08-1.25x (median 1.18), bf16 0.94-1.23x (median 1.08);
-// fp32 0.90-1.07x and layer_norm 0.88-1.00x, so those keep their passes (CONTRIBUTING "Rows
-// pipelined"). RowSum adds in one order whoever steps it: the output is bitwise the same.
+// Rows pipelined: row r's write pass (from cache, streaming out) also sums row r+1 from
+// memory (StepWith over RowSum) while row r+2 is prefetched, so reads and writes stream
+// together instead of a read-only statistics pass between write passes (the first row's sum
+// is taken on its own). In-process A/B against the unpipelined form (ab_builds.py, 3 copies,
+// both placements): fp16 1.08-1.25x (median 1.18), bf16 0.94-1.23x (median 1.08), fp32
+// 1.03-1.09x in seven runs where relu's time showed a copy-bound host, 0.94x in one where it
+// did not, 0.90-1.07x in six earlier ones (more instructions: 1.12 per element against 1.05,
+// which costs where the host's bandwidth outruns the core); layer_norm 0.88-1.00x, so it
+// keeps its passes (CONTRIBUTING "Rows pipelined"). RowSum adds in one order whoever steps
+// it: the output is bitwise the unpipelined one.
 template <class T>
 void rms_norm_k(const void* xv, const float* w, void* yv, int64_t rows, int64_t n, float eps, float* rsigma,
                 bool nt) {
-    constexpr bool PIPE = sizeof(T) == 2;
     const T* x = (const T*)xv;
     T* y = (T*)yv;
-    double ss = PIPE && rows > 0 ? row_sumsq(x, n) : 0.0;
+    double ss = rows > 0 ? row_sumsq(x, n) : 0.0;
     for (int64_t r = 0; r < rows; ++r) {
         const T* xr = x + r * n;
         const bool more = r + 1 < rows;
-        if constexpr (!PIPE) ss = row_sumsq(xr, n);
         if (!std::isfinite(ss)) {  // fp32 lanes overflowed: this row in double (rare: scalar is fine)
             rms_norm_row_f64(xr, w, y + r * n, n, eps, rsigma ? rsigma + r : nullptr);
-            if constexpr (PIPE) ss = more ? row_sumsq(xr + n, n) : 0.0;
+            ss = more ? row_sumsq(xr + n, n) : 0.0;
             continue;
         }
         const float rs = rsqrt_of(ss, n, eps);
         if (rsigma) rsigma[r] = rs;
         const V vrs = vset(rs);
-        const auto full = [&](int64_t i) { return vload(xr + i) * vrs * vload(w + i); };
-        const auto part = [&](int64_t i, int64_t k) { return vload_part(xr + i, k, 0.f) * vrs * vload_part(w + i, k, 0.f); };
-        if constexpr (PIPE)
-            ss = write_row(y + r * n, n, nt, full, part,
-                           StepWith<RowSum<T, true>>{next_row(xr + n, n, r + 2 < rows, n),
-                                                     RowSum<T, true>({xr + n}, more ? n : 0)})
-                     .s.acc;
-        else
-            write_row(y + r * n, n, nt, full, part, next_row(xr, n, more, n));
+        ss = write_row(
+                 y + r * n, n, nt, [&](int64_t i) { return vload(xr + i) * vrs * vload(w + i); },
+                 [&](int64_t i, int64_t k) { return vload_part(xr + i, k, 0.f) * vrs * vload_part(w + i, k, 0.f); },
+                 StepWith<RowSum<T, true>>{next_row(xr + n, n, r + 2 < rows, n), RowSum<T, true>({xr + n}, more ? n : 0)})
+                 .s.acc;
     }
     if (nt) stream_fence();
 }

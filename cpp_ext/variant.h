@@ -32,7 +32,7 @@ inline void st(T* p, V v, int64_t k) {
 // blocks added in double, so a 2^24-element row keeps ~1e-7 relative accuracy while the
 // inner loop stays pure SIMD. Src gives the row's vectors (RowSrc below: a row in memory;
 // norm.cpp AddSrc: x + residual, stored as it goes). Taken a step at a time so that another
-// loop can carry it: 16-bit rms_norm sums row r+1 inside row r's write pass (norm.cpp). A step adds
+// loop can carry it: rms_norm sums row r+1 inside row r's write pass (norm.cpp). A step adds
 // two vectors of the current block, or closes the block (its tail in partial vectors, its
 // lanes into the double total); finish() takes what the steps left. The additions happen in
 // one order whoever steps it, so row r+1's statistics, and its output, are bitwise the same

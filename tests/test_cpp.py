@@ -307,7 +307,7 @@ def test_fused_add_outputs_at_every_placement(C, dt, layer):
 @pytest.mark.parametrize("dt", DTYPES)
 @pytest.mark.parametrize("n", [7, 203, 1040, 2100])
 def test_rms_norm_rows_pipelined_match_rows_alone(C, dt, n):
-    """16-bit rms_norm sums row r+1 inside row r's write pass (norm.cpp, variant.h RowSum):
+    """rms_norm sums row r+1 inside row r's write pass (norm.cpp, variant.h RowSum):
     every row's output is bitwise that of the row passed alone, at every output placement,
     streaming stores forced and not, in place, with a row redone in double (its squares
     overflow fp32) between pipelined rows, and widths that end 1024-element blocks mid-pair."""
