@@ -1,11 +1,11 @@
 // norm.cpp: rms_norm / layer_norm forward and backward (compiled once per ISA variant).
 //
-// Forward kernels are single pass over memory: the row (16 KiB for n = 4096 fp32) is
-// read once for its statistics, stays in L1/L2, and is read again from cache for the
-// write pass, while the next row is prefetched (simd.h Prefetch); rms_norm sums the next
-// row inside this row's write pass instead (rms_norm_k). Statistics are accumulated in
-// fp32 lanes inside 1024-element blocks and in double across blocks (variant.h BlockSum), so
-// very long rows stay accurate.
+// Forward kernels are single pass over memory: row r+1 (16 KiB for n = 4096 fp32) is read
+// from memory for its statistics inside row r's write pass, which reads row r again from
+// cache and streams its output, while row r+2 is prefetched (rms_norm_k, layer_norm_k; the
+// fused adds take a row's statistics in their own pass). Statistics are accumulated in fp32
+// lanes inside 1024-element blocks and in double across blocks (variant.h BlockSum), so very
+// long rows stay accurate.
 #include "vmath.h"
 #include "variant.h"
 
@@ -61,9 +61,9 @@ inline float rsqrt_of(double ss, int64_t n, float eps) { return (float)(1.0 / st
 // both placements): fp16 1.08-1.25x (median 1.18), bf16 0.94-1.23x (median 1.08), fp32
 // 1.03-1.09x in seven runs where relu's time showed a copy-bound host, 0.94x in one where it
 // did not, 0.90-1.07x in six earlier ones (more instructions: 1.12 per element against 1.05,
-// which costs where the host's bandwidth outruns the core); layer_norm 0.88-1.00x, so it
-// keeps its passes (CONTRIBUTING "Rows pipelined"). RowSum adds in one order whoever steps
-// it: the output is bitwise the unpipelined one.
+// which costs where the host's bandwidth outruns the core). layer_norm likewise, once its
+// statistics take one pass (below). RowSum adds in one order whoever steps it: the output
+// is bitwise the unpipelined one (CONTRIBUTING "Rows pipelined").
 template <class T>
 void rms_norm_k(const void* xv, const float* w, void* yv, int64_t rows, int64_t n, float eps, float* rsigma,
                 bool nt) {
@@ -112,30 +112,48 @@ inline void ln_write(const TX* xr, const float* w, const float* b, T* yr, int64_
     ln_row(xr, w, b, mean, rs, [&](const auto& full, const auto& part) { write_row(yr, n, nt, full, part, pf); });
 }
 
-// The sum from memory, then the centred squares and the write from cache, the next row
-// prefetched across those two.
+// Rows pipelined as rms_norm's (above): row r's write pass from cache also takes row r+1's
+// shifted moments from memory while row r+2 is prefetched, so each row is read from memory
+// once, in a pass that also writes. In-process A/B against the two-pass form (ab_builds.py,
+// 3 copies, both placements, AVX2 variant on a Zen 3 host whose copy was slow): fp32 1.21-1.27x,
+// fp16 1.14-1.18x, bf16 1.16-1.21x. Pipelining with the two-pass statistics (the centred
+// squares from cache between the sum and the write) measured 0.88-1.00x, the one-pass
+// statistics without pipelining 0.98-1.06x: it takes both (CONTRIBUTING "Rows pipelined").
 template <class T>
 void layer_norm_k(const void* xv, const float* w, const float* b, void* yv, int64_t rows, int64_t n, float eps,
                   float* mu, float* rsigma, bool nt) {
     const T* x = (const T*)xv;
     T* y = (T*)yv;
+    RowMoments<T> m = moments_of(x, n, rows > 0);
+    m.finish();
     for (int64_t r = 0; r < rows; ++r) {
         const T* xr = x + r * n;
         T* yr = y + r * n;
-        Prefetch pf = next_row(xr, n, r + 1 < rows, 2 * n);
-        const float mean = (float)(row_sum(xr, n) / (double)n);
-        const double var = row_sumsq_centered(xr, n, mean, &pf) / (double)n;
+        const bool more = r + 1 < rows;
+        const double d = m.acc / (double)n, d2 = m.accq / (double)n;
+        double var = d2 - d * d;
+        float mean = (float)((double)m.src.c + d);
+        if (std::isfinite(var) && d * d > 0.125 * d2) {  // c far from the mean: two passes, from cache
+            mean = (float)(row_sum(xr, n) / (double)n);
+            var = row_sumsq_centered(xr, n, mean) / (double)n;
+        }
         if (!std::isfinite(var) || !std::isfinite(mean)) {
-            // The fp32 block sums overflowed (|x - mean| > ~1.8e19, e.g. FLT_MAX in the row):
+            // The fp32 block sums overflowed (|x - c| > ~1.8e19, e.g. FLT_MAX in the row):
             // redo this row in double so finite input never turns into "y = bias". Rare, so a
             // scalar loop is fine; NaN/Inf inputs still come out NaN as in NumPy.
             layer_norm_row_f64(xr, w, b, yr, n, eps, mu ? mu + r : nullptr, rsigma ? rsigma + r : nullptr);
+            m = moments_of(xr + n, n, more);
+            m.finish();
             continue;
         }
         const float rs = (float)(1.0 / std::sqrt(var + (double)eps));
         if (mu) mu[r] = mean;
         if (rsigma) rsigma[r] = rs;
-        ln_write(xr, w, b, yr, n, mean, rs, nt, pf);
+        ln_row(xr, w, b, mean, rs, [&](const auto& full, const auto& part) {
+            m = write_row(yr, n, nt, full, part,
+                          StepWith<RowMoments<T>>{next_row(xr + n, n, r + 2 < rows, n), moments_of(xr + n, n, more)})
+                    .s;
+        });
     }
     if (nt) stream_fence();
 }

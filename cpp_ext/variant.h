@@ -28,34 +28,41 @@ inline void st(T* p, V v, int64_t k) {
     else vstore_part(p, v, k);
 }
 
-// A row's sum (SQ: of squares) in fp32 vector accumulators inside blocks of 1024 elements,
+// A row's sum (SQ: of squares; BOTH: the sum and the sum of squares together, for
+// layer_norm's one-pass moments) in fp32 vector accumulators inside blocks of 1024 elements,
 // blocks added in double, so a 2^24-element row keeps ~1e-7 relative accuracy while the
 // inner loop stays pure SIMD. Src gives the row's vectors (RowSrc below: a row in memory;
-// norm.cpp AddSrc: x + residual, stored as it goes). Taken a step at a time so that another
-// loop can carry it: rms_norm sums row r+1 inside row r's write pass (norm.cpp). A step adds
-// two vectors of the current block, or closes the block (its tail in partial vectors, its
-// lanes into the double total); finish() takes what the steps left. The additions happen in
-// one order whoever steps it, so row r+1's statistics, and its output, are bitwise the same
-// whether they rode on row r's write (at any output placement) or were summed on their own.
-template <class Src, bool SQ>
+// norm.cpp AddSrc: x + residual, stored as it goes; ShiftSrc: x - c). Taken a step at a time
+// so that another loop can carry it: the norms sum row r+1 inside row r's write pass
+// (norm.cpp). A step adds two vectors of the current block, or closes the block (its tail in
+// partial vectors, its lanes into the double totals); finish() takes what the steps left.
+// The additions happen in one order whoever steps it, so row r+1's statistics, and its
+// output, are bitwise the same whether they rode on row r's write (at any output placement)
+// or were summed on their own.
+template <class Src, bool SQ, bool BOTH = false>
 struct BlockSum {
     Src src;  // full(i): lanes [i, i+W); part(i, k): k of them, the rest 0
     int64_t n = 0, i = 0, e = 0;
     bool open = false;  // a block is being summed
-    V a0 = vset(0.0f), a1 = vset(0.0f);
-    double acc = 0.0;
+    V a0 = vset(0.0f), a1 = vset(0.0f), q0 = vset(0.0f), q1 = vset(0.0f);
+    double acc = 0.0, accq = 0.0;  // accq: the squares' total, with BOTH
     BlockSum() = default;
     BlockSum(Src s, int64_t n_) : src(s), n(n_), e(n_ > 1024 ? 1024 : n_), open(n_ > 0) {}
     static inline V term(V v, V a) { return SQ ? vfma(v, v, a) : a + v; }
+    static inline void add(V v, V& a, V& q) {
+        a = term(v, a);
+        if (BOTH) q = vfma(v, v, q);
+    }
     inline void pair() {
-        a0 = term(src.full(i), a0);
-        a1 = term(src.full(i + W), a1);
+        add(src.full(i), a0, q0);
+        add(src.full(i + W), a1, q1);
         i += 2 * W;
     }
     void close() {
-        for (; i < e; i += W) a0 = term(src.part(i, e - i < W ? e - i : W), a0);
+        for (; i < e; i += W) add(src.part(i, e - i < W ? e - i : W), a0, q0);
         acc += (double)hsum(a0 + a1);
-        a0 = a1 = vset(0.0f);
+        if (BOTH) accq += (double)hsum(q0 + q1);
+        a0 = a1 = q0 = q1 = vset(0.0f);
         open = i < n;
         e = (n - i > 1024) ? i + 1024 : n;
     }
@@ -88,6 +95,38 @@ inline double row_sumsq(const T* x, int64_t n) { return RowSum<T, true>({x}, n).
 
 template <class T>
 inline double row_sum(const T* x, int64_t n) { return RowSum<T, false>({x}, n).finish(); }
+
+// layer_norm's statistics in one pass, shifted: sums of d = x - c and of d^2, c the mean of
+// the row's first 64 elements (in L2 already: the row was prefetched during the row before).
+// var = E[d^2] - E[d]^2 amplifies the fp32 lanes' rounding by E[d^2] / var = 1 + E[d]^2 / var;
+// E[d]^2 is ~var/64 for a row of independent values. Where E[d]^2 > E[d^2] / 8 (a factor
+// above 8/7: ~0.3 % of such rows, more where a row's head is not typical of it, and every row
+// whose values trend) norm.cpp layer_norm_k takes the two-pass statistics from cache instead.
+template <class T>
+struct ShiftSrc {
+    const T* x;
+    float c;
+    V vc;
+    inline V full(int64_t i) const { return vload(x + i) - vc; }
+    inline V part(int64_t i, int64_t k) const { return ld(x + i, k, c) - vc; }  // padded lanes: c - c = 0
+};
+
+template <class T>
+using RowMoments = BlockSum<ShiftSrc<T>, false, true>;
+
+template <class T>
+inline float head_mean(const T* x, int64_t n) {
+    const int64_t k = n < 64 ? n : 64;
+    V s = vset(0.0f);
+    for (int64_t i = 0; i < k; i += W) s = s + ld(x + i, k - i < W ? k - i : W);
+    return k ? hsum(s) / (float)k : 0.0f;
+}
+
+template <class T>
+inline RowMoments<T> moments_of(const T* x, int64_t n, bool any) {
+    const float c = any ? head_mean(x, n) : 0.0f;
+    return RowMoments<T>({x, c, vset(c)}, any ? n : 0);
+}
 
 // Sum of (x - c)^2 (two-pass variance: no cancellation, unlike E[x^2] - E[x]^2). pf: a
 // prefetch of the next row (simd.h) stepped once per two vectors, when given.

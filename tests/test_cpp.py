@@ -306,18 +306,35 @@ def test_fused_add_outputs_at_every_placement(C, dt, layer):
 
 @pytest.mark.parametrize("dt", DTYPES)
 @pytest.mark.parametrize("n", [7, 203, 1040, 2100])
-def test_rms_norm_rows_pipelined_match_rows_alone(C, dt, n):
-    """rms_norm sums row r+1 inside row r's write pass (norm.cpp, variant.h RowSum):
-    every row's output is bitwise that of the row passed alone, at every output placement,
-    streaming stores forced and not, in place, with a row redone in double (its squares
-    overflow fp32) between pipelined rows, and widths that end 1024-element blocks mid-pair."""
+@pytest.mark.parametrize("op", ["rms_norm", "layer_norm"])
+def test_norm_rows_pipelined_match_rows_alone(C, dt, n, op):
+    """The norms take row r+1's statistics inside row r's write pass (norm.cpp, variant.h
+    BlockSum): every row's output is bitwise that of the row passed alone, at every output
+    placement, streaming stores forced and not, in place, with a row redone in double (its
+    squares overflow fp32) between pipelined rows, and widths that end 1024-element blocks
+    mid-pair. layer_norm's rows also: one whose head is far from its mean (its shifted
+    moments would cancel, so it takes two passes from cache), one offset far from zero
+    (moments about zero would cancel), one holding inf (NaN out, as NumPy)."""
     rng = np.random.default_rng(5)
-    v = rng.standard_normal((6, n)) * 3 + 1
+    v = rng.standard_normal((8, n)) * 3 + 1
     if dt != "float16":
         v[2, :2] = (1e20, -3e19)    # x² overflows fp32: the double redo, then the pipeline again
-    x, _, kw = as_dtype(v, dt)
-    w, _, _ = as_dtype(rng.standard_normal(n), dt)
-    want = np.concatenate([C.rms_norm(x[i:i + 1], w, 1e-6, **kw) for i in range(len(x))])
+    v[4, :64] += 40                 # head far from the mean
+    v[5] = 100 + rng.standard_normal(n)  # unshifted, E[x²] - E[x]² would lose ~4 % in fp32
+    v[6, n // 2] = np.inf
+    x, xv, kw = as_dtype(v, dt)
+    w, wv, _ = as_dtype(rng.standard_normal(n), dt)
+    b, bv, _ = as_dtype(rng.standard_normal(n), dt)
+    if op == "rms_norm":
+        def call(a, out=None):
+            return C.rms_norm(a, w, 1e-6, out, **kw)
+    else:
+        def call(a, out=None):
+            return C.layer_norm(a, w, b, 1e-5, out, **kw)
+        # accurate too, not only self-consistent (the inf row aside)
+        ok = np.r_[0:6, 7]
+        check(call(x)[ok], ref.layer_norm(xv, wv, bv, 1e-5)[ok], dt, math.sqrt(n))
+    want = np.concatenate([call(x[i:i + 1]) for i in range(len(x))])
     old = C.build_info()["nontemporal_threshold_bytes"]
     try:
         for threshold in (0, old):
@@ -325,10 +342,10 @@ def test_rms_norm_rows_pipelined_match_rows_alone(C, dt, n):
             buf = np.zeros(x.size + 40, x.dtype)
             for off in (0, 1, 3, 8, 16):
                 y = buf[off:off + x.size].reshape(x.shape)
-                assert C.rms_norm(x, w, 1e-6, y, **kw) is y
+                assert call(x, y) is y
                 np.testing.assert_array_equal(y, want, err_msg=f"out at +{off}")
             xi = x.copy()
-            C.rms_norm(xi, w, 1e-6, xi, **kw)
+            call(xi, xi)
             np.testing.assert_array_equal(xi, want)
     finally:
         C._set_tuning(-1, old)
