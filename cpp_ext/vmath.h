@@ -80,7 +80,17 @@ inline V vexp2_fast(V v) {
 // 1.7e-7 (silu's and tanh-GELU's bound is 1.3e-6); for 16-bit outputs (half an ulp: 4.9e-4
 // fp16, 3.9e-3 bf16) degree 3, 8.6e-5, and the reciprocal estimate vrcp14ps (6.1e-5) for
 // the division (3.4 cycles per vector on Zen 4, the longest instruction of the loop). AVX2
-// and scalar keep vexp2_fast and the division, as before.
+// has the degree-3 form for 16-bit outputs too (floor and the exponent bits instead of
+// vreduceps and vscalefps), with the division; its fp32 forms and the scalar ones keep
+// vexp2_fast. (Exact GELU's 16-bit form below stays AVX-512's: on AVX2 it measured
+// 0.87-0.93x the rational erf, ab_builds.py on Zen 3.)
+// 2^f on [0, 1), degree 3 (8.6e-5 relative): the 16-bit outputs' form.
+inline V vpow2_d3(V f) {
+    V p = vset(7.7066143791e-02f);
+    p = vfma(p, f, vset(2.2764597125e-01f));
+    p = vfma(p, f, vset(6.9511656616e-01f));
+    return vfma(p, f, vset(1.0f));
+}
 #if TO_ISA == 2
 inline V vexp2_d5(V v) {
     const V f = {_mm512_reduce_ps(v.v, _MM_FROUND_TO_NEG_INF)};
@@ -93,18 +103,31 @@ inline V vexp2_d5(V v) {
 }
 inline V vexp2_d3(V v) {
     const V f = {_mm512_reduce_ps(v.v, _MM_FROUND_TO_NEG_INF)};
-    V p = vset(7.7066143791e-02f);
-    p = vfma(p, f, vset(2.2764597125e-01f));
-    p = vfma(p, f, vset(6.9511656616e-01f));
-    return vldexp(vfma(p, f, vset(1.0f)), v);
+    return vldexp(vpow2_d3(f), v);
 }
+#elif TO_ISA == 1
+// AVX2, for 16-bit outputs: the same degree-3 polynomial on f = v - floor(v), v clamped to
+// [-126, 128] so that 2^floor(v) is a normal float made from its exponent bits, or Inf from
+// 128 on (silu(-Inf) = -Inf/Inf = NaN as the float64 formula); NaN passes through the clamp
+// (see vexp). vexp2_d3z: exact 0 below 2^-126, for softmax's masked -Inf entries, where the
+// clamp alone would leave 1.2e-38, a bfloat16 number.
+inline V vexp2_d3(V v) {
+    const V vc = vmin(vset(128.0f), vmax(vset(-126.0f), v));
+    const V fl = {_mm256_floor_ps(vc.v)};
+    return vpow2_d3(vc - fl) * vexp2i(vcvt_i(fl));
+}
+inline V vexp2_d3z(V v) { return vsel(vlt(v, vset(-126.0f)), vset(0.0f), vexp2_d3(v)); }
 #endif
-// a / (1 + e) with e = 2^v, e >= 0 or NaN; LP: the 16-bit output form above.
+// a / (1 + e) with e = 2^v, e >= 0 or NaN; LP: the 16-bit output form above. On AVX2 the
+// division stays: vrcpps (3.7e-4 relative, too coarse alone for fp16) with a Newton step
+// measured 0.82-0.94x the division (ab_builds.py, Zen 3).
 template <bool LP>
 inline V vdiv_1p_exp2(V a, V v) {
 #if TO_ISA == 2
     if (LP) return a * V{_mm512_rcp14_ps((vset(1.0f) + vexp2_d3(v)).v)};
     return a / (vset(1.0f) + vexp2_d5(v));
+#elif TO_ISA == 1
+    return a / (vset(1.0f) + (LP ? vexp2_d3(v) : vexp2_fast(v)));
 #else
     return a / (vset(1.0f) + vexp2_fast(v));
 #endif
@@ -133,6 +156,9 @@ inline V vexp_shift(V x, V m) {
     const V v = d * vset(1.44269504088896341f);
     return LP ? vexp2_d3(v) : vexp2_d5(v);
 #else
+#if TO_ISA == 1
+    if (LP) return vexp2_d3z(d * vset(1.44269504088896341f));
+#endif
     V fn, y = vexp_reduced(vmax(vset(-87.3f), d), fn);
     return vsel(vlt(d, vset(-87.3f)), vset(0.0f), vldexp(y, fn));
 #endif
