@@ -106,12 +106,6 @@ inline void ln_row(const TX* xr, const float* w, const float* b, float mean, flo
     }
 }
 
-template <class T, class TX>
-inline void ln_write(const TX* xr, const float* w, const float* b, T* yr, int64_t n, float mean, float rs, bool nt,
-                     Prefetch pf) {
-    ln_row(xr, w, b, mean, rs, [&](const auto& full, const auto& part) { write_row(yr, n, nt, full, part, pf); });
-}
-
 // Rows pipelined as rms_norm's (above): row r's write pass from cache also takes row r+1's
 // shifted moments from memory while row r+2 is prefetched, so each row is read from memory
 // once, in a pass that also writes. In-process A/B against the two-pass form (ab_builds.py,

@@ -128,31 +128,10 @@ inline RowMoments<T> moments_of(const T* x, int64_t n, bool any) {
     return RowMoments<T>({x, c, vset(c)}, any ? n : 0);
 }
 
-// Sum of (x - c)^2 (two-pass variance: no cancellation, unlike E[x^2] - E[x]^2). pf: a
-// prefetch of the next row (simd.h) stepped once per two vectors, when given.
+// Sum of (x - c)^2 (two-pass variance: no cancellation, unlike E[x^2] - E[x]^2).
 template <class T>
-inline double row_sumsq_centered(const T* x, int64_t n, float c, Prefetch* pf = nullptr) {
-    const V vc = vset(c);
-    double acc = 0.0;
-    int64_t i = 0;
-    while (i < n) {
-        const int64_t e = (n - i > 1024) ? i + 1024 : n;
-        V a0 = vset(0.0f), a1 = vset(0.0f);
-        for (; i + 2 * W <= e; i += 2 * W) {
-            if (pf) (*pf)();
-            V v0 = vload(x + i) - vc, v1 = vload(x + i + W) - vc;
-            a0 = vfma(v0, v0, a0);
-            a1 = vfma(v1, v1, a1);
-        }
-        for (; i < e; i += W) {
-            const int64_t k = e - i < W ? e - i : W;
-            V v = ld(x + i, k, c) - vc;  // fill with c: padded lanes add 0
-            a0 = vfma(v, v, a0);
-        }
-        i = e;
-        acc += (double)hsum(a0 + a1);
-    }
-    return acc;
+inline double row_sumsq_centered(const T* x, int64_t n, float c) {
+    return BlockSum<ShiftSrc<T>, true>({x, c, vset(c)}, n).finish();
 }
 
 }  // namespace

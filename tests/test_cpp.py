@@ -451,6 +451,17 @@ def test_gelu_erf_within_10_eps_absolute(C):
     assert err.max() <= 10 * eps, f"{err.max() / eps:.2f} eps at x={x[err.argmax()]}"
 
 
+def every_16bit(dt, keep):
+    """Every 16-bit value of dt for which keep(value as float64) holds: (the kernel's input,
+    its float64 values, the dtype keyword)."""
+    bits = np.arange(1 << 16, dtype=np.uint16)
+    with np.errstate(invalid="ignore"):
+        x64 = bf16_float(bits).astype(np.float64) if dt == "bfloat16" else bits.view(np.float16).astype(np.float64)
+    k = keep(x64)
+    xin = bits[k] if dt == "bfloat16" else bits.view(np.float16)[k]
+    return xin, x64[k], ({"dtype": "bfloat16"} if dt == "bfloat16" else {})
+
+
 @pytest.mark.parametrize("dt", ["float16", "bfloat16"])
 def test_gelu_erf_16bit_every_value(C, dt):
     """Every finite 16-bit x. AVX-512 runs the 16-bit form (vmath.h vgelu_erf<LP>: Phi from
@@ -459,16 +470,7 @@ def test_gelu_erf_16bit_every_value(C, dt):
     in the tail: an ulp plus its 10 fp32 eps absolute (test above)."""
     from scipy.special import ndtr
     from tensor_ops.backends import cpp
-    bits = np.arange(1 << 16, dtype=np.uint16)
-    if dt == "bfloat16":
-        x64 = bf16_float(bits).astype(np.float64)
-        kw = {"dtype": "bfloat16"}
-    else:
-        x64 = bits.view(np.float16).astype(np.float64)
-        kw = {}
-    keep = np.isfinite(x64)
-    xin = bits[keep] if dt == "bfloat16" else bits.view(np.float16)[keep]
-    x64 = x64[keep]
+    xin, x64, kw = every_16bit(dt, np.isfinite)
     want = x64 * ndtr(x64)
     got = value(C.gelu(xin, "none", None, **kw), dt)
     # the 16-bit spacing at |want|: 2^(e - mantissa bits), subnormal steps below the normal range
@@ -493,16 +495,7 @@ def test_sigmoid_forms_16bit_every_value(C, dt, op):
     reciprocal estimate), the scalar variant the fp32 form. Within 1 ulp of the exact value
     where |y| >= 1e-5 (0.65 measured on AVX2, 0.50 with the fp32 form), 5e-8 absolute below;
     NaN exactly where the float64 formula gives NaN."""
-    bits = np.arange(1 << 16, dtype=np.uint16)
-    if dt == "bfloat16":
-        x = bf16_float(bits).astype(np.float64)
-        kw = {"dtype": "bfloat16"}
-    else:
-        x = bits.view(np.float16).astype(np.float64)
-        kw = {}
-    keep = ~np.isnan(x)
-    xin = bits[keep] if dt == "bfloat16" else bits.view(np.float16)[keep]
-    x = x[keep]
+    xin, x, kw = every_16bit(dt, lambda v: ~np.isnan(v))
     with np.errstate(all="ignore"):
         if op == "silu":
             want = x / (1 + np.exp(-x))
