@@ -141,8 +141,9 @@ inline V vdiv_1p_exp2(V a, V v) {
 // vexp's Cody-Waite route, and the argument's rounding (|x - m| 6e-8 relative) only matters
 // where e^(x-m) is negligible against the sum (>= 1). e^-Inf (masked entries) is exactly 0:
 // vreduceps gives f = 0 for +-Inf and vscalefps 2^-Inf = 0; below 2^-150 the results are 0,
-// with subnormals in between. Elsewhere: the Cody-Waite route, clamped at -87.3 so 2^n stays
-// a normal float, and exact 0 below it (dropped results < 1.2e-38 against a sum >= 1).
+// with subnormals in between. AVX2 with 16-bit outputs: vexp2_d3z (the same polynomial, exact
+// 0 below 2^-126). Elsewhere: the Cody-Waite route, clamped at -87.3 so 2^n stays a normal
+// float, and exact 0 below it (dropped results < 1.2e-38 against a sum >= 1).
 // (Folding the subtraction into the multiply, x log2e - m log2e as one FMA, was measured and
 // dropped: the rounding of m log2e is a shift common to the row, which the normalisation
 // cancels, but for |m| near 1e30 that shift is 2^(6e22) and the row overflows.)
