@@ -100,8 +100,9 @@ inline double row_sum(const T* x, int64_t n) { return RowSum<T, false>({x}, n).f
 // the row's first 64 elements (in L2 already: the row was prefetched during the row before).
 // var = E[d^2] - E[d]^2 amplifies the fp32 lanes' rounding by E[d^2] / var = 1 + E[d]^2 / var;
 // E[d]^2 is ~var/64 for a row of independent values. Where E[d]^2 > E[d^2] / 8 (a factor
-// above 8/7: ~0.3 % of such rows, more where a row's head is not typical of it, and every row
-// whose values trend) norm.cpp layer_norm_k takes the two-pass statistics from cache instead.
+// above 8/7: ~0.3 % of such rows by the normal tail, computed, not counted; more where a
+// row's head is not typical of it, and every row whose values trend) norm.cpp layer_norm_k
+// takes the two-pass statistics from cache instead.
 template <class T>
 struct ShiftSrc {
     const T* x;
