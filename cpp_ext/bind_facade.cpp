@@ -155,14 +155,15 @@ py::tuple add_norm(bool layer, const py::object& x_, const py::object& r_, const
     const int64_t bytes = x.size * es;
     NormParams np(w, bias, x.dt, n, false, bytes >= g_par_bytes);
     const int nth = threads_for(4 * bytes, rows);
-    Scratch scratch((size_t)nth * (size_t)n, x.data);
+    const size_t per = (size_t)fused_add_scratch(n);
+    Scratch scratch((size_t)nth * per, x.data);
     float* sc = scratch.get();
     const bool nt = use_nt(bytes);
     {
         py::gil_scoped_release nogil;
         parallel_units(rows, nth, [&](int64_t b, int64_t e, int t) {
             const int64_t off = b * n * es;
-            float* s = sc + (size_t)t * n;
+            float* s = sc + (size_t)t * per;
             if (layer)
                 g_k->add_layer_norm[x.dt](x.data + off, r.data + off, np.w, np.b, o.data + off, ro.data + off, e - b, n,
                                           eps, s, nt);

@@ -36,6 +36,11 @@ struct AdamParams {
     float step_size, bc2_sqrt, decay, one_m_beta1, one_m_beta2;
 };
 
+// The fused adds' per-thread scratch, in floats: s = x + r in fp32 (n, padded to 64 bytes),
+// then, for 16-bit dtypes, s in that dtype (n halves), which res_out copies as bits: no
+// second conversion of s per vector (norm.cpp AddSrc).
+inline int64_t fused_add_scratch(int64_t n) { return ((n + 15) & ~(int64_t)15) + (((n + 1) / 2 + 15) & ~(int64_t)15); }
+
 struct KernelTable {
     const char* isa;
     int width;  // fp32 lanes
@@ -49,7 +54,8 @@ struct KernelTable {
                                  int64_t n, float eps, float* mu, float* rsigma, bool nt);
     // Fused residual add: s = x + r (rounded to x's dtype, like adding in that dtype), written
     // to res_out, and y = norm(s). res_out may be r and y may be x (exactly; row by row every
-    // input row is read before its outputs are written). scratch: n floats (per thread).
+    // input row is read before its outputs are written). scratch: fused_add_scratch(n) floats
+    // per thread (below).
     void (*add_rms_norm[DT_COUNT])(const void* x, const void* r, const float* w, void* y, void* res_out,
                                    int64_t rows, int64_t n, float eps, float* scratch, bool nt);
     void (*add_layer_norm[DT_COUNT])(const void* x, const void* r, const float* w, const float* b, void* y,

@@ -226,9 +226,11 @@ inline __m128i bf16_pack(V v) {
     __m256i qnan = _mm256_or_si256(u, _mm256_set1_epi32(0x400000));
     __m256 isnan = _mm256_cmp_ps(v.v, v.v, _CMP_UNORD_Q);
     r = _mm256_castps_si256(_mm256_blendv_ps(_mm256_castsi256_ps(r), _mm256_castsi256_ps(qnan), isnan));
-    r = _mm256_srli_epi32(r, 16);
-    __m256i packed = _mm256_packus_epi32(r, r);                // per 128-bit lane
-    packed = _mm256_permute4x64_epi64(packed, 0x08);           // lanes 0 and 2 → low half
+    // each 32-bit lane's high half to the low 8 bytes of its 128-bit lane (one shuffle where a
+    // shift and a pack took two), then those two quarters together
+    const __m256i hi = _mm256_setr_epi8(2, 3, 6, 7, 10, 11, 14, 15, -1, -1, -1, -1, -1, -1, -1, -1,  //
+                                        2, 3, 6, 7, 10, 11, 14, 15, -1, -1, -1, -1, -1, -1, -1, -1);
+    const __m256i packed = _mm256_permute4x64_epi64(_mm256_shuffle_epi8(r, hi), 0x08);
     return _mm256_castsi256_si128(packed);
 }
 inline void vstore(float* p, V v) { _mm256_storeu_ps(p, v.v); }
@@ -312,13 +314,27 @@ inline void stream_fence() { _mm_sfence(); }
 inline V vswap_pairs(V a) { return {_mm512_permute_ps(a.v, 0xB1)}; }
 #endif
 
-// v rounded to T's precision and back (what storing to T and loading would give).
+// W lanes of a 16-bit T copied as bits, no conversion (norm.cpp: res_out from the fused add's
+// 16-bit scratch copy of s); nt: a streaming store (p W*2-byte aligned), s may be unaligned.
 template <class T>
-inline V round_to(V v) {
-    if (sizeof(T) == 4) return v;
-    alignas(64) T b[W];
-    vstore(b, v);
-    return vload(b);
+inline void vcopy16(T* p, const T* s, bool nt) {
+    static_assert(sizeof(T) == 2, "16-bit lanes");
+#if TO_ISA == 2
+    const __m256i v = _mm256_loadu_si256((const __m256i*)s);
+    if (nt)
+        _mm256_stream_si256((__m256i*)p, v);
+    else
+        _mm256_storeu_si256((__m256i*)p, v);
+#elif TO_ISA == 1
+    const __m128i v = _mm_loadu_si128((const __m128i*)s);
+    if (nt)
+        _mm_stream_si128((__m128i*)p, v);
+    else
+        _mm_storeu_si128((__m128i*)p, v);
+#else
+    (void)nt;
+    *p = *s;
+#endif
 }
 
 // ---- partial (tail) loads/stores ---------------------------------------------------
@@ -415,16 +431,30 @@ struct Prefetch {
     }
 };
 
-// Two rows' prefetches stepped together (norm.cpp's fused add writes two outputs per step).
+// Two rows of the same length prefetched together (norm.cpp's fused add writes two outputs per
+// step and prefetches the next rows of x and residual): a's steps, each line also taken `off`
+// bytes further on. One pointer, bound and step for both: the fused write's loop already holds
+// e, its 16-bit copy, w, b, y and res_out, and two whole Prefetch states spilled to the stack
+// (add_layer_norm fp16, AVX2: its inner loop reloaded them every step).
 struct Prefetch2 {
-    Prefetch a, b;
+    Prefetch a;
+    intptr_t off = 0;
+    // b: a's lines shifted, the same bytes and steps (next_row of two rows of one width)
+    Prefetch2(Prefetch a_, Prefetch b) : a(a_), off(a_.p ? (intptr_t)b.p - (intptr_t)a_.p : 0) {}
+    inline void line(const char* p) const {
+        __builtin_prefetch(p, 0, 2);
+        __builtin_prefetch(p + off, 0, 2);
+    }
     inline void operator()() {
-        a();
-        b();
+        if (a.p < a.end) {  // as Prefetch's: one compare per step of one line
+            line(a.p);
+            if (a.step > 64)
+                for (int64_t b = 64; b < a.step; b += 64) line(a.p + b);
+            a.p += a.step;
+        }
     }
     inline void rest() {
-        a.rest();
-        b.rest();
+        for (; a.p < a.end; a.p += 64) line(a.p);
     }
 };
 

@@ -305,6 +305,45 @@ def test_fused_add_outputs_at_every_placement(C, dt, layer):
 
 
 @pytest.mark.parametrize("dt", DTYPES)
+@pytest.mark.parametrize("n", [7, 203, 2100])
+def test_add_layer_norm_moments_in_the_add(C, dt, n):
+    """add_layer_norm takes s = x + r's shifted moments in the add's own pass (norm.cpp
+    add_moments; c from the heads of x and r) and the two-pass statistics from the scratch
+    row only where they would cancel: rows of every kind against the float64 oracle of the
+    stored residual s (which must be x + r rounded to the dtype), and each row bitwise the
+    row passed alone. Rows: typical; s's head far from its mean while x's and r's heads
+    is typical (the fallback); s offset far from zero, x and r each further; x's and r's heads
+    far off but cancelling in s (c, their sum, is s's head); a huge value (fp32 sums
+    overflow: the double redo); inf (NaN out, as NumPy)."""
+    rng = np.random.default_rng(17)
+    xs = rng.standard_normal((7, n))
+    rs = rng.standard_normal((7, n))
+    xs[1, :64] += 40                               # s's head far from its mean (n > 64)
+    xs[2] += 300
+    rs[2] -= 200                                   # s about 100 + noise, c from both heads
+    xs[3, :64] += 50
+    rs[3, :64] -= 50                               # heads cancel in s: c is s's own head
+    if dt != "float16":
+        xs[4, :2] = (1e20, -3e19)
+    xs[5, n // 2] = np.inf
+    x, xv, kw = as_dtype(xs, dt)
+    r, rv, _ = as_dtype(rs, dt)
+    w, wv, _ = as_dtype(rng.standard_normal(n), dt)
+    b, bv, _ = as_dtype(rng.standard_normal(n), dt)
+    y, s = C.add_layer_norm(x, r, w, b, 1e-5, None, None, **kw)
+    sv = value(s, dt)
+    _, want_s, _ = as_dtype(xv + rv, dt)            # x + r rounded once to the dtype
+    np.testing.assert_array_equal(sv, want_s)
+    ok = np.r_[0:5, 6]
+    check(y[ok], ref.layer_norm(sv[ok], wv, bv, 1e-5), dt, math.sqrt(n))
+    assert np.isnan(value(y[5], dt)).all()
+    for i in range(len(x)):
+        yi, si = C.add_layer_norm(x[i:i + 1], r[i:i + 1], w, b, 1e-5, None, None, **kw)
+        np.testing.assert_array_equal(yi[0], y[i], err_msg=f"row {i}")
+        np.testing.assert_array_equal(si[0], s[i], err_msg=f"row {i}")
+
+
+@pytest.mark.parametrize("dt", DTYPES)
 @pytest.mark.parametrize("n", [7, 203, 1040, 2100])
 @pytest.mark.parametrize("op", ["rms_norm", "layer_norm"])
 def test_norm_rows_pipelined_match_rows_alone(C, dt, n, op):
@@ -555,6 +594,30 @@ def test_bf16_matches_torch(C):
     v = torch.tensor([1.0 + 2 ** -8, 1.0 + 3 * 2 ** -8, -3.3e38, 1e-40], dtype=torch.float32)
     bits = C.scale(v.numpy(), np.empty(4, np.uint16), 1.0, dtype="bfloat16")
     assert bits is False
+
+
+def test_bf16_stores_round_every_kind_of_float(C):
+    """Every kernel's bfloat16 store is simd.h bf16_pack (AVX2: integer round-to-nearest-even,
+    the high halves gathered by one byte shuffle): random bit patterns of every class, ties
+    either way, the largest finite values (rounding to Inf), subnormals, NaNs whose payload
+    is only in the low half (must stay NaN, quiet, sign kept), through scale (x * 1.0),
+    against the rounding rule itself; at lengths that leave partial vectors. The
+    avx512bf16 variant's vcvtneps2bf16 flushes subnormal inputs to zero (simd.h), so those
+    are left out there."""
+    rng = np.random.default_rng(23)
+    u = rng.integers(0, 2 ** 32, 1 << 18, dtype=np.uint64).astype(np.uint32)
+    special = np.array([0x3F808000, 0x3F818000, 0x3F807FFF, 0x3F808001, 0xBF808000, 0xBF818000,
+                        0x7F7FFFFF, 0xFF7FFFFF, 0x7F7F8000, 0x7F7F7FFF, 0x00008000, 0x00018000,
+                        0x807FFFFF, 0x00000001, 0x7F800000, 0xFF800000, 0x7F800001, 0xFF800001,
+                        0x7FC00000, 0x7F80FFFF, 0xFFFFFFFF, 0x00000000, 0x80000000], np.uint32)
+    x = np.concatenate([special, u]).view(np.float32)
+    if C.ISA == "avx512bf16":
+        x = x[~((np.abs(x) < np.float32(2.0 ** -126)) & (x != 0))]
+    want = bf16_bits(x)
+    for n in (x.size, 1001, 7):
+        out = np.empty(n, np.uint16)
+        C.scale(x[:n], out, 1.0, dtype="bfloat16")
+        np.testing.assert_array_equal(out, want[:n])
 
 
 # ---------------------------------------------------------------------------- refusals
