@@ -306,23 +306,23 @@ def test_fused_add_outputs_at_every_placement(C, dt, layer):
 
 @pytest.mark.parametrize("dt", DTYPES)
 @pytest.mark.parametrize("n", [7, 203, 2100])
-def test_add_layer_norm_moments_in_the_add(C, dt, n):
-    """add_layer_norm takes s = x + r's shifted moments in the add's own pass (norm.cpp
-    add_moments; c from the heads of x and r) and the two-pass statistics from the scratch
-    row only where they would cancel: rows of every kind against the float64 oracle of the
-    stored residual s (which must be x + r rounded to the dtype), and each row bitwise the
-    row passed alone. Rows: typical; s's head far from its mean while x's and r's heads
-    is typical (the fallback); s offset far from zero, x and r each further; x's and r's heads
-    far off but cancelling in s (c, their sum, is s's head); a huge value (fp32 sums
-    overflow: the double redo); inf (NaN out, as NumPy)."""
+def test_add_layer_norm_rows_of_every_kind(C, dt, n):
+    """add_layer_norm's statistics of s = x + r (the add's pass sums s from x and r, the
+    centred squares come from the scratch row) on rows of every kind, against the float64
+    oracle of the stored residual s (which must be x + r rounded to the dtype once, through
+    the 16-bit scratch copy res_out is streamed from), each row bitwise the row passed alone.
+    Rows: typical; s's head far from its mean; s offset far from zero, x and r each further;
+    x's and r's heads far off but cancelling in s; a huge value (fp32 sums overflow: the
+    double redo); inf (NaN out, as NumPy). (Written for a one-pass form of these statistics
+    that measured slower and was not kept; CONTRIBUTING "The fused adds' 16-bit forms".)"""
     rng = np.random.default_rng(17)
     xs = rng.standard_normal((7, n))
     rs = rng.standard_normal((7, n))
     xs[1, :64] += 40                               # s's head far from its mean (n > 64)
     xs[2] += 300
-    rs[2] -= 200                                   # s about 100 + noise, c from both heads
+    rs[2] -= 200                                   # s about 100 + noise
     xs[3, :64] += 50
-    rs[3, :64] -= 50                               # heads cancel in s: c is s's own head
+    rs[3, :64] -= 50                               # heads cancel in s
     if dt != "float16":
         xs[4, :2] = (1e20, -3e19)
     xs[5, n // 2] = np.inf
