@@ -39,7 +39,8 @@ struct AdamParams {
 // The fused adds' per-thread scratch, in floats: s = x + r in fp32 (n, padded to 64 bytes),
 // then, for 16-bit dtypes, s in that dtype (n halves), which res_out copies as bits: no
 // second conversion of s per vector (norm.cpp AddSrc).
-inline int64_t fused_add_scratch(int64_t n) { return ((n + 15) & ~(int64_t)15) + (((n + 1) / 2 + 15) & ~(int64_t)15); }
+inline int64_t fused_add_e16_at(int64_t n) { return (n + 15) & ~(int64_t)15; }  // where the 16-bit copy starts
+inline int64_t fused_add_scratch(int64_t n) { return fused_add_e16_at(n) + (((n + 1) / 2 + 15) & ~(int64_t)15); }
 
 struct KernelTable {
     const char* isa;

@@ -188,7 +188,7 @@ struct AddSrc {
 // Where a row's 16-bit copy of s lives in the scratch (kernels.h fused_add_scratch).
 template <class T>
 inline T* e16_of(float* e, int64_t n) {
-    return (T*)(e + ((n + 15) & ~(int64_t)15));
+    return (T*)(e + fused_add_e16_at(n));
 }
 
 template <class T, bool SQ>

@@ -441,9 +441,9 @@ struct Prefetch2 {
     intptr_t off = 0;
     // b: a's lines shifted, the same bytes and steps (next_row of two rows of one width)
     Prefetch2(Prefetch a_, Prefetch b) : a(a_), off(a_.p ? (intptr_t)b.p - (intptr_t)a_.p : 0) {}
-    inline void line(const char* p) const {
+    inline void line(const char* p) const {  // the other row's line by address: no pointer into it is formed
         __builtin_prefetch(p, 0, 2);
-        __builtin_prefetch(p + off, 0, 2);
+        __builtin_prefetch((const char*)((uintptr_t)p + (uintptr_t)off), 0, 2);
     }
     inline void operator()() {
         if (a.p < a.end) {  // as Prefetch's: one compare per step of one line
