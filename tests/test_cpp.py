@@ -447,6 +447,23 @@ def test_softmax_masked_entries_are_exact_zeros(C):
     np.testing.assert_array_equal(C.silu(big), np.array([[-0.0, 100.0, -0.0, 1e30]], np.float32))
 
 
+def test_softmax_exp_across_the_exponent_range(C):
+    """Each e^(x - max) relative to float64 across fp32's exponent range: the polynomial's
+    error (<= 2.3e-7 on every ISA's route) plus the argument's rounding, |x - max| * 6e-8,
+    twice over as margin; below ~1e-38 results may be 0 (AVX2 and scalar flush there), and
+    nothing under 2^-126 * 2^-23 may be anything but 0 or a subnormal."""
+    x = np.concatenate([np.linspace(-104.0, 0.0, 4099), [-np.inf, -1e30, -150.0]]).astype(np.float32)[None, :]
+    y = C.softmax(x)[0].astype(np.float64)
+    xv = x[0].astype(np.float64)
+    want = ref.softmax(x.astype(np.float64))[0]
+    normal = want > 1e-36
+    tol = 5e-7 + 1.2e-7 * np.abs(xv[normal])
+    assert (np.abs(y[normal] / want[normal] - 1) <= tol).all(), np.max(np.abs(y[normal] / want[normal] - 1) / tol)
+    assert (np.abs(y[~normal] - want[~normal]) <= 2e-38 + 1e-6 * want[~normal]).all()
+    assert (y[-3:] == 0).all()  # -Inf, -1e30 and -150 below the max: exactly 0
+    assert abs(y.sum() - 1) < 1e-6
+
+
 def test_fp16_overflow_to_inf_and_subnormals(C):
     with np.errstate(over="ignore"):
         xh = np.array([[70000.0, -70000.0, 1e-6, -3e-7, 6e-5]], np.float32).astype(np.float16)
