@@ -52,8 +52,8 @@ inline V vexp(V x) {
 // shift took 5 (no -ffast-math here, so the compiler keeps (vc + magic) - magic). vexp2_fast
 // through it on AVX2: silu fp32 2.688 -> 2.563 instructions per element, tanh-GELU 2.938 ->
 // 2.813, swiglu 1.949 -> 1.888 (callgrind); ab_builds.py --copies 3: 0.97-1.05x (fp32 silu,
-// tanh-GELU, swiglu), within the method's noise. Elsewhere n itself (vldexp: vscalefps on AVX-512; scalar 2^n
-// must be normal).
+// tanh-GELU, swiglu), within the method's noise. Elsewhere n itself (vldexp: vscalefps on
+// AVX-512; scalar 2^n must be normal).
 #if TO_ISA == 1
 inline V vsplit(V vc, V& s) {
     const V magic = vset(12583039.0f);
