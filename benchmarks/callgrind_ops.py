@@ -142,7 +142,7 @@ def _env() -> dict:
 
 def _kernel_ir(annotate_out: str, op: str, dtype: str) -> int:
     """The inclusive Ir of ``op``'s kernel for ``dtype`` in ``callgrind_annotate --auto=no
-    --inclusive=yes`` output. Code inlined from headers (simd.h, the intrinsics' headers) is
+    --inclusive=yes`` output. Code inlined from headers (simd.h, rowio.h, the intrinsics' headers) is
     listed as more "file:function" entries of the same function, each with its own part;
     the entry of the function's own file carries the whole inclusive cost, hence the max."""
     sym = SYMBOL.get(op, "rope_k<{T}>").format(T=CTYPE[dtype])

@@ -1,7 +1,7 @@
 // common.cpp: what belongs to no single op family (compiled once per ISA variant): the
 // streaming copy behind _cpp.stream_copy (bind_runtime.cpp). The benchmark engine times it
 // as the real memory ceiling: its stores skip the read-for-ownership of the destination,
-// like the kernels' large outputs (simd.h write_row), and glibc memcpy does not stream at
+// like the kernels' large outputs (rowio.h write_row), and glibc memcpy does not stream at
 // large sizes, so memcpy is not the limit a kernel is held to.
 #include "variant.h"
 

@@ -7,7 +7,7 @@
 // while summing; y = e * (1/sum). The scratch (not y) holds e so 16-bit outputs are rounded
 // once, and so the final write can be a non-temporal store (writing y twice, once cached and
 // once streamed, measured 30% slower at 8192x4096). The next row is prefetched across the
-// last two passes (simd.h Prefetch; prefetching during the exp pass alone left the write
+// last two passes (rowio.h Prefetch; prefetching during the exp pass alone left the write
 // pass reading nothing). NaN in a row, or +Inf (Inf - Inf), gives a NaN row, as the float64
 // formula does.
 #include <cstring>
@@ -32,7 +32,7 @@ inline M vmask_u8(const uint8_t* p) {
 #endif
 }
 
-// The lines of [p, p + bytes) into L2 (see simd.h Prefetch).
+// The lines of [p, p + bytes) into L2 (see rowio.h Prefetch).
 inline void prefetch_l2(const void* p, int bytes) {
     for (int b = 0; b < bytes; b += 64) __builtin_prefetch((const char*)p + b, 0, 2);
 }

@@ -1,7 +1,7 @@
-// variant.h: what every per-ISA kernel file shares (included after simd.h / vmath.h).
+// variant.h: what every per-ISA kernel file shares (included after vmath.h; brings simd.h and rowio.h).
 #pragma once
 #include "kernels.h"
-#include "simd.h"
+#include "rowio.h"
 
 namespace to {
 namespace TO_NS {

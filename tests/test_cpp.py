@@ -153,15 +153,18 @@ def test_rope_odd_output_alignment(C):
 
 
 @pytest.mark.parametrize("dt", ["float32", "float16"])
-@pytest.mark.parametrize("shift", [1, 2, 4, 8, 15])
-def test_rope_staged_out_every_shift(C, dt, shift):
-    """Short rows into an out= off its vector alignment take the staged path (simd.h StagedOut,
-    drained every 512 bytes): many rows, so lines carry across rows and drains; nothing outside
-    out is written."""
+@pytest.mark.parametrize("shift", [1, 2, 4, 8, 15, 16])
+@pytest.mark.parametrize("n", [128, 2048])
+def test_rope_misaligned_out_every_shift(C, dt, shift, n):
+    """Rows into an out= `shift` elements past a 64-byte line, streaming stores forced, each
+    writer of rope.cpp: spliced (AVX2: rows of whole vectors, out off the vector alignment -
+    fp32 shifts 1, 2, 4, 15, fp16 1, 2, 4, 15), staged (short rows on a vector but not a line
+    boundary - fp32 8, fp16 8 and 16 on AVX2) and direct (long rows on a vector boundary).
+    Many rows, so lines carry across rows, drains and splices; nothing outside out is written."""
     old = C.build_info()["nontemporal_threshold_bytes"]
     C._set_tuning(-1, 0)
     try:
-        n, rows = 128, 300
+        rows = 300 if n == 128 else 40
         cos, sin = rope_tables(37, n)
         x = np.random.default_rng(shift).standard_normal((rows, n)).astype(dt)
         pad = 64
@@ -184,7 +187,7 @@ def test_rope_staged_out_every_shift(C, dt, shift):
 def test_rope_head_groups(C, dt, heads, T, n, shift):
     """(heads, T, n) x with (T, n) tables: heads go through the kernel in groups sharing each
     table row (bind_facade.cpp rope), a head count that is not a multiple of the group, the
-    direct and the staged out= paths (streaming stores forced), both layouts, on 2 threads
+    direct and a misaligned out= (spliced on AVX2; streaming stores forced), both layouts, on 2 threads
     (the (block, group) units split between them)."""
     info, nt = C.build_info(), C.get_num_threads()
     C._set_tuning(0, 0)
@@ -210,8 +213,8 @@ def test_rope_head_groups(C, dt, heads, T, n, shift):
 @pytest.mark.parametrize("heads,T,n", [(3, 7, 16), (2, 5, 32), (5, 9, 1024)])
 @pytest.mark.parametrize("shift", [1, 3, 8])
 def test_rope_staged_out_head_groups_every_dtype(C, dt, heads, T, n, shift):
-    """Head groups into an out= off its vector alignment (the staged path, simd.h StagedOut,
-    one stage per head of a group), bfloat16 included, rows from 16 to 1024 wide (the
+    """Head groups into an out= off its vector alignment (the spliced path on AVX2 where the
+    rows are whole vectors, else the staged one, one stage per head of a group), bfloat16 included, rows from 16 to 1024 wide (the
     stage's fp32 limit): every element right, both layouts, on 2 threads (each thread's part
     starts and ends with a partial line), nothing outside out written (shift = elements past
     a 64-byte line)."""

@@ -1,0 +1,238 @@
+// rowio.h: how the kernels move rows, on simd.h's vectors (compiled once per ISA variant):
+// the next-row prefetch (Prefetch, Prefetch2, StepWith, next_row), the streaming row writer
+// (write_row) and the staging buffer for short rows off their line alignment (StagedOut).
+// simd.h says what one vector is; this says how rows of them meet memory.
+#pragma once
+#include "simd.h"
+
+namespace to {
+namespace TO_NS {
+namespace {
+
+// Software prefetch of the next row while this one is written: `bytes` bytes from p, spread
+// evenly over `iters` steps (a whole number of lines per step). The row kernels read a row
+// from memory for its statistics, then write it from cache; during that write nothing was
+// being read, and the hardware prefetcher does not run a row ahead on its own. With the next
+// row prefetched here, reads and streaming writes overlap as in a copy (two-pass rms_norm,
+// 1 thread, 4096 x 4096 fp32: 0.67 -> 0.86-0.91 of the streaming copy in a standalone
+// loop; prefetching as the row is read, or interleaving the next row's statistics into this
+// write pass, measured lower: 0.70-0.80). Into L2 (prefetcht1), not L1: a 4096-wide fp32 row
+// is 16 KiB, and the next one pulled into the 32 KiB L1 evicted the current row before its
+// write pass re-read it (8192 x 4096, 2 threads, in-process A/B against prefetcht0: rms_norm
+// fp32 0.77 -> 0.90 of the ceiling, layer_norm 0.77 -> 0.88, softmax 0.76 -> 0.83, bf16
+// rms_norm 0.72 -> 0.84, layer_norm 0.63 -> 0.70-0.76; add_rms_norm / add_layer_norm 20 %
+// faster; swiglu, whose rows are re-read from nowhere, unchanged).
+struct Prefetch {
+    const char* p = nullptr;
+    const char* end = nullptr;
+    int64_t step = 0;
+    Prefetch() = default;
+    Prefetch(const void* p_, int64_t bytes, int64_t iters) : p((const char*)p_), end((const char*)p_ + bytes) {
+        if (iters < 1) iters = 1;
+        step = ((bytes + iters - 1) / iters + 63) & ~(int64_t)63;
+    }
+    // One compare per step: the steps are 1 or 2 lines at the kernels' row widths, and a
+    // loop over the step's lines put ~12 instructions (two compares per line, setb/and,
+    // jumps) around each prefetch, in loops of ~25 (softmax's exp loop: 47 instructions per
+    // 32 elements, 13 of them this). The last step may reach up to a step past `end`: a
+    // prefetch never faults, and those lines are the row after next. Counted (callgrind_ops
+    // step, fp32): rms_norm 1.27 -> 1.05 instructions per element, layer_norm 1.93 -> 1.68;
+    // timed (ab_builds --copies 3): layer_norm fp32 1.08x faster, the others 1.00-1.05x.
+    inline void operator()() {
+        if (p < end) {
+            __builtin_prefetch(p, 0, 2);
+            if (step > 64) {
+                __builtin_prefetch(p + 64, 0, 2);
+                for (int64_t b = 128; b < step; b += 64) __builtin_prefetch(p + b, 0, 2);
+            }
+            p += step;
+        }
+    }
+    inline void rest() {  // whatever the steps did not reach
+        for (; p < end; p += 64) __builtin_prefetch(p, 0, 2);
+    }
+};
+
+// Two rows of the same length prefetched together (norm.cpp's fused add writes two outputs per
+// step and prefetches the next rows of x and residual): a's steps, each line also taken `off`
+// bytes further on. One pointer, bound and step for both: the fused write's loop already holds
+// e, its 16-bit copy, w, b, y and res_out, and two whole Prefetch states spilled to the stack
+// (add_layer_norm fp16, AVX2: its inner loop reloaded them every step).
+struct Prefetch2 {
+    Prefetch a;
+    intptr_t off = 0;
+    // b: a's lines shifted, the same bytes and steps (next_row of two rows of one width)
+    Prefetch2(Prefetch a_, Prefetch b) : a(a_), off(a_.p ? (intptr_t)b.p - (intptr_t)a_.p : 0) {}
+    inline void line(const char* p) const {  // the other row's line by address: no pointer into it is formed
+        __builtin_prefetch(p, 0, 2);
+        __builtin_prefetch((const char*)((uintptr_t)p + (uintptr_t)off), 0, 2);
+    }
+    inline void operator()() {
+        if (a.p < a.end) {  // as Prefetch's: one compare per step of one line
+            line(a.p);
+            if (a.step > 64)
+                for (int64_t b = 64; b < a.step; b += 64) line(a.p + b);
+            a.p += a.step;
+        }
+    }
+    inline void rest() {
+        for (; a.p < a.end; a.p += 64) line(a.p);
+    }
+};
+
+// The prefetch plus other work stepped with it: S is a functor with finish() (variant.h
+// RowSum: the next row's statistics summed during this row's write). write_row returns its
+// PF, so the caller reads S's result from what it gets back.
+template <class S>
+struct StepWith {
+    Prefetch pf;
+    S s;
+    inline void operator()() {
+        pf();
+        s();
+    }
+    inline void rest() {
+        pf.rest();
+        s.finish();
+    }
+};
+
+// Write y[0, n) from a vector generator. `full(i)` computes lanes [i, i+W) from full
+// loads; `part(i, k)` computes them from partial loads (only k lanes valid). With nt
+// (large outputs) the body uses non-temporal stores: they skip the read-for-ownership of
+// the destination, which is what lets a read+write kernel reach memcpy speed; that needs
+// W*sizeof(T)-aligned addresses, so a partial head runs until y is aligned. pf: the next
+// row's prefetch (above; Prefetch2 for two rows, StepWith for a prefetch plus other work),
+// stepped once per two vectors and returned.
+// flatten: `full` is the loop body and must be inlined into it; GCC's inliner left some out of
+// line (tex_train.cpp's dact_k for bf16/fp16 and fp32 silu: one call per vector, bf16 dgelu
+// 3.19 instructions per element against 1.97 at fp32).
+template <class T, class Full, class Part, class PF = Prefetch>
+__attribute__((flatten)) inline PF write_row(T* y, int64_t n, bool nt, const Full& full, const Part& part,
+                                             PF pf = PF()) {
+    int64_t i = 0;
+    if (nt && W > 1) {
+        const uintptr_t A = (uintptr_t)W * sizeof(T);
+        uintptr_t mis = (uintptr_t)y % A;
+        int64_t head = mis ? (int64_t)((A - mis) / sizeof(T)) : 0;
+        if (head > n) head = n;
+        if (head) vstore_part(y, part(0, head), head);
+        i = head;
+        // The partial vector at the end is a cached store into a line the next row's head
+        // shares, so its read for ownership goes to memory; prefetchw now, and the line
+        // arrives while the body streams. fp32 softmax into np.empty's out= (16 bytes off a
+        // line) 1.15x faster (ab_builds --copies 3), the norms unchanged. Our reading, not
+        // measured: stores commit in order, so the stores behind that one wait for it, and
+        // only softmax stores right away (its next exp pass fills the scratch row); the
+        // norms' next pass only reads.
+        if ((n - head) % W) __builtin_prefetch(y + n - 1, 1, 3);
+        // Two independent vectors per iteration: the exp/erf chains are ~30 dependent
+        // ops deep, and the out-of-order window alone overlaps too few iterations.
+        for (; i + 2 * W <= n; i += 2 * W) {
+            pf();
+            V a = full(i), b = full(i + W);
+            vstream(y + i, a);
+            vstream(y + i + W, b);
+        }
+        for (; i + W <= n; i += W) vstream(y + i, full(i));
+    } else {
+        for (; i + 2 * W <= n; i += 2 * W) {
+            pf();
+            V a = full(i), b = full(i + W);
+            vstore(y + i, a);
+            vstore(y + i + W, b);
+        }
+        for (; i + W <= n; i += W) vstore(y + i, full(i));
+    }
+    if (i < n) vstore_part(y + i, part(i, n - i), n - i);
+    pf.rest();
+    return pf;  // its state: what a StepWith carried (the next row's sum)
+}
+
+// The Prefetch for the row after the one at x (n elements of T), spread over a write of n
+// elements; none when there is no next row.
+template <class T>
+inline Prefetch next_row(const T* x, int64_t n, bool has_next, int64_t write_n) {
+    return has_next ? Prefetch(x + n, n * (int64_t)sizeof(T), write_n / (2 * W)) : Prefetch();
+}
+
+// Streaming stores for outputs written in short pieces. write_row aligns each call's
+// destination with a partial head; when the output rows are short (rope on 128-wide heads:
+// two 256-byte halves per row) or not 64-byte aligned (an out= from np.empty is 16 bytes
+// off), every row then leaves partly written lines: each is read from memory for ownership
+// and written back, a quarter of rope's lines on (32, 8192, 128) with a misaligned out=
+// (4x the time of the aligned case). StagedOut instead collects consecutive rows in an L1
+// buffer (normal stores) and writes them out as one contiguous stream: a partial line only
+// at the two ends of a kernel call, every other line whole with streaming stores.
+// Usage: T* r = so.row(n); <write r[0, n)>; so.add(n); ...; so.finish(). `drain`: once that
+// many bytes are staged, add() streams the complete lines out (rope drains every 512 bytes).
+constexpr int64_t STAGE_BYTES = 16 << 10;
+template <class T>
+struct StagedOut {
+    char* dst;           // the next byte of the output not written yet
+    int64_t start = 0;   // where the staged bytes begin in buf (< 64)
+    int64_t have = 0;    // bytes staged (they belong at dst)
+    alignas(64) char buf[STAGE_BYTES + 64];
+    int64_t drain = STAGE_BYTES;
+    StagedOut() : dst(nullptr) {}
+    explicit StagedOut(T* y, int64_t drain_ = STAGE_BYTES) : dst((char*)y), drain(drain_) {}
+    void reset(T* y, int64_t drain_) {
+        dst = (char*)y;
+        start = have = 0;
+        drain = drain_;
+    }
+    // Room for n elements (n * sizeof(T) <= STAGE_BYTES): where to write them.
+    T* row(int64_t n) {
+        if (have + n * (int64_t)sizeof(T) > STAGE_BYTES) flush(false);
+        return (T*)(buf + start + have);
+    }
+    void add(int64_t n) {
+        have += n * (int64_t)sizeof(T);
+        if (have >= drain) flush(false);
+    }
+    void finish() {
+        flush(true);
+        stream_fence();
+    }
+
+  private:
+    // The complete lines of dst stream out from buf + start; when dst is not 64-byte aligned
+    // those loads cross lines of buf. The remainder (a line's first bytes) is kept at the
+    // offset that puts the next row on a 64-byte boundary of buf: rows whose bytes are a
+    // multiple of 64 (rope's) are then written into buf by whole aligned vectors, and the
+    // line-crossing accesses are the flush's loads instead of every store of the rows.
+    void flush(bool last) {
+        int64_t i = 0;
+        const char* src = buf + start;
+#if TO_ISA >= 1
+        constexpr int64_t A = TO_ISA == 2 ? 64 : 32;
+        int64_t head = (int64_t)((A - (uintptr_t)dst % A) % A);
+        if (head > have) head = have;
+        if (head) std::memcpy(dst, src, (size_t)head);
+        i = head;
+        for (; i + A <= have; i += A) {
+#if TO_ISA == 2
+            _mm512_stream_si512((__m512i*)(dst + i), _mm512_loadu_si512((const void*)(src + i)));
+#else
+            _mm256_stream_si256((__m256i*)(dst + i), _mm256_loadu_si256((const __m256i*)(src + i)));
+#endif
+        }
+        if (!last) {  // keep the unaligned remainder: the next rows complete its line
+            const int64_t rem = have - i;
+            const int64_t at = (64 - rem % 64) % 64;
+            dst += i;
+            std::memmove(buf + at, src + i, (size_t)rem);
+            start = at;
+            have = rem;
+            return;
+        }
+#endif
+        if (have > i) std::memcpy(dst + i, src + i, (size_t)(have - i));
+        dst += have;
+        start = have = 0;
+    }
+};
+
+}  // namespace
+}  // namespace TO_NS
+}  // namespace to
