@@ -85,8 +85,9 @@ inline void rope_row(const T* xr, const float* c, const float* s, T* yr, int64_t
 // by o lanes, join(rot(prev), rot(cur)) takes lanes [0, o) from prev's: one vpermps + one
 // vblendvps per vector, carried in registers (StagedOut does it through an L1 buffer: a
 // store and a line-crossing load more per vector). fp32 rope into np.empty's out= (16 bytes
-// off a line), ab_builds: 1.18-1.23x faster than StagedOut on Zen 3. Not built for AVX-512: there
-// a register writer of this kind measured 1.08 / 1.03 / 1.00x (CONTRIBUTING.md, rope).
+// off a line), ab_builds: 1.18-1.23x faster than StagedOut on Zen 3. Not built for
+// AVX-512: a register writer of this kind measured 1.08 / 1.03 / 1.00x there
+// (CONTRIBUTING.md, rope).
 struct Splice {
     __m256i idx;
     __m256 first;
@@ -101,10 +102,11 @@ struct Splice {
 
 // One head's rows through a Splice, y o lanes past a vector boundary. put() streams the
 // aligned vector that starts o lanes before lane i of row yr (the previous vector's last o
-// lanes, then the first W - o of v, the row-frame vector at lane i); head() writes the first vector of the stream (its first W - o lanes, a partial store); end()
-// the stream's last o lanes. A thread's part of the rows starts and ends with these partial
-// stores; they write only their own elements (vstore_part), so two threads' parts can share
-// a line.
+// lanes, then the first W - o of v, the row-frame vector at lane i); head() writes the
+// stream's first W - o lanes (a partial store), end() its last o. A thread's part of the rows
+// starts and ends with these partial stores; they write only their own elements
+// (vstore_part), so two threads' parts can share a line. Long rows off the vector alignment
+// take this writer too (they took write_row's per-row head before; not timed, tested).
 template <class T>
 struct SplicedOut {
     int64_t o = 0;
