@@ -160,7 +160,8 @@ def test_rope_misaligned_out_every_shift(C, dt, shift, n):
     writer of rope.cpp: spliced (AVX2: rows of whole vectors, out off the vector alignment -
     fp32 shifts 1, 2, 4, 15, fp16 1, 2, 4, 15), staged (short rows on a vector but not a line
     boundary - fp32 8, fp16 8 and 16 on AVX2) and direct (fp32 16: on a line; fp32 rows of 2048,
-    long, on a vector boundary: 8 and 16). Many rows, so lines carry across rows, drains and splices; nothing outside out is written."""
+    long, on a vector boundary: 8 and 16). Many rows, so lines carry across rows, drains and
+    splices; nothing outside out is written."""
     old = C.build_info()["nontemporal_threshold_bytes"]
     C._set_tuning(-1, 0)
     try:
