@@ -215,10 +215,10 @@ def test_rope_head_groups(C, dt, heads, T, n, shift):
 @pytest.mark.parametrize("shift", [1, 3, 8])
 def test_rope_staged_out_head_groups_every_dtype(C, dt, heads, T, n, shift):
     """Head groups into an out= off its vector alignment (the spliced path on AVX2 where the
-    rows are whole vectors, else the staged one, one stage per head of a group), bfloat16 included, rows from 16 to 1024 wide (the
-    stage's fp32 limit): every element right, both layouts, on 2 threads (each thread's part
-    starts and ends with a partial line), nothing outside out written (shift = elements past
-    a 64-byte line)."""
+    rows are whole vectors, else the staged one, one stage per head of a group), bfloat16
+    included, rows from 16 to 1024 wide (the stage's fp32 limit): every element right, both
+    layouts, on 2 threads (each thread's part starts and ends with a partial line), nothing
+    outside out written (shift = elements past a 64-byte line)."""
     info, nt = C.build_info(), C.get_num_threads()
     C._set_tuning(0, 0)
     C.set_num_threads(2)
