@@ -85,7 +85,7 @@ inline void rope_row(const T* xr, const float* c, const float* s, T* yr, int64_t
 // by o lanes, join(rot(prev), rot(cur)) takes lanes [0, o) from prev's: one vpermps + one
 // vblendvps per vector, carried in registers (StagedOut does it through an L1 buffer: a
 // store and a line-crossing load more per vector). fp32 rope into np.empty's out= (16 bytes
-// off a line), ab_builds: 1.18-1.23x faster than StagedOut on Zen 3. Not built for
+// off a line), ab_builds: 1.18-1.28x faster than StagedOut on Zen 3. Not built for
 // AVX-512: a register writer of this kind measured 1.08 / 1.03 / 1.00x there
 // (CONTRIBUTING.md, rope).
 struct Splice {
@@ -100,13 +100,23 @@ struct Splice {
     V join(V rprev, V rcur) const { return {_mm256_blendv_ps(rcur.v, rprev.v, first)}; }
 };
 
-// One head's rows through a Splice, y o lanes past a vector boundary. put() streams the
-// aligned vector that starts o lanes before lane i of row yr (the previous vector's last o
-// lanes, then the first W - o of v, the row-frame vector at lane i); head() writes the
-// stream's first W - o lanes (a partial store), end() its last o. A thread's part of the rows
-// starts and ends with these partial stores; they write only their own elements
-// (vstore_part), so two threads' parts can share a line. Long rows off the vector alignment
-// take this writer too (they took write_row's per-row head before; not timed, tested).
+// Streams the aligned vector at ya + i (ya: a row's start less o lanes): the last o lanes of
+// the vector before (rprev = its rot()), then the first W - o of v; returns rot(v).
+template <class T>
+inline V splice_put(const Splice& sp, T* ya, int64_t i, V v, V rprev) {
+    const V r = sp.rot(v);
+    vstream(ya + i, sp.join(rprev, r));
+    return r;
+}
+
+// One head's rows through a Splice, y o lanes past a vector boundary: head() writes the
+// stream's first W - o lanes (a partial store), splice_put the aligned vectors, end() its
+// last o lanes. A thread's part of the rows starts and ends with these partial stores; they
+// write only their own elements (vstore_part), so two threads' parts can share a line. The
+// row functions below copy sp into locals: the streaming stores may alias this struct
+// (GCC's __m256 is may_alias), and its members were reloaded for every vector (fp32 2.15 ->
+// 1.80 instructions per element with the copies; the direct path: 1.18). Long rows off the
+// vector alignment take this writer too (before: write_row's per-row head; tested, not timed).
 template <class T>
 struct SplicedOut {
     int64_t o = 0;
@@ -117,12 +127,6 @@ struct SplicedOut {
         o = (int64_t)(((uintptr_t)y % (W * sizeof(T))) / sizeof(T));
         sp = Splice(o);
         started = false;
-    }
-    // v: the vector at lanes [i, i + W) of row yr; rprev: rot() of the one before
-    V put(T* yr, int64_t i, V v, V rprev) {
-        const V r = sp.rot(v);
-        vstream(yr - o + i, sp.join(rprev, r));
-        return r;
     }
     V head(T* yr, V v) {  // the stream's first vector: no previous one
         vstore_part(yr, v, W - o);
@@ -140,11 +144,13 @@ template <class T>
 inline void rope_half_row_spliced(const T* xr, const float* c, const float* s, T* yr, int64_t h,
                                   SplicedOut<T>& so) {
     const T* x2 = xr + h;
+    const Splice sp = so.sp;
+    T* const ya = yr - so.o;
     auto y1 = [&](int64_t i) { return vfnma(vload(x2 + i), vload(s + i), vload(xr + i) * vload(c + i)); };
     auto y2 = [&](int64_t i) { return vfma(vload(xr + i), vload(s + h + i), vload(x2 + i) * vload(c + h + i)); };
-    V p = so.started ? so.put(yr, 0, y1(0), so.carry) : so.head(yr, y1(0));
-    for (int64_t i = W; i < h; i += W) p = so.put(yr, i, y1(i), p);
-    for (int64_t i = 0; i < h; i += W) p = so.put(yr, h + i, y2(i), p);
+    V p = so.started ? splice_put(sp, ya, 0, y1(0), so.carry) : so.head(yr, y1(0));
+    for (int64_t i = W; i < h; i += W) p = splice_put(sp, ya, i, y1(i), p);
+    for (int64_t i = 0; i < h; i += W) p = splice_put(sp, ya, h + i, y2(i), p);
     so.carry = p;
 }
 
@@ -156,8 +162,10 @@ inline void rope_il_row_spliced(const T* xr, const float* c, const float* s, T* 
         const V vx = vload(xr + i);
         return vfma(vswap_pairs(vx) * sign, vload(s + i), vx * vload(c + i));
     };
-    V p = so.started ? so.put(yr, 0, y(0), so.carry) : so.head(yr, y(0));
-    for (int64_t i = W; i < n; i += W) p = so.put(yr, i, y(i), p);
+    const Splice sp = so.sp;
+    T* const ya = yr - so.o;
+    V p = so.started ? splice_put(sp, ya, 0, y(0), so.carry) : so.head(yr, y(0));
+    for (int64_t i = W; i < n; i += W) p = splice_put(sp, ya, i, y(i), p);
     so.carry = p;
 }
 #endif
