@@ -33,7 +33,8 @@ template <typename T, int V, typename F>
 __device__ __forceinline__ void gated_rows(const T* __restrict__ x, T* __restrict__ y,
                                            long long rows, int h, F f) {
     const int hv = h / V;
-    for (long long r = blockIdx.y; r < rows; r += gridDim.y) {
+    for (long long r = (long long)blockIdx.y * blockDim.y + threadIdx.y; r < rows;
+         r += (long long)gridDim.y * blockDim.y) {  // blockDim.y rows per block: rows_cols_launch
         const T* xr = x + r * 2 * (long long)h;
         T* yr = y + r * (long long)h;
         for (int c = blockIdx.x * blockDim.x + threadIdx.x; c < hv; c += gridDim.x * blockDim.x) {

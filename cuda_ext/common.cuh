@@ -36,16 +36,22 @@ template <> __device__ __forceinline__ f16 from_float<f16>(float f) {
 #endif
     return r;
 }
-// Round-to-nearest-even by bit arithmetic: works on every arch (cvt.rn.bf16.f32 needs sm_80).
+// Round-to-nearest-even: one cvt.rn.bf16.f32 on sm_80+; by bit arithmetic before that (and in
+// the CPU emulation). The bit form cost bf16 15-20 % against fp16 in the memory-bound kernels
+// on an H200 (rms_norm 0.60 against 0.74 of the copy, kernels alone, 2026-11-27).
 template <> __device__ __forceinline__ bf16 from_float<bf16>(float f) {
-    unsigned int u = __float_as_uint(f);
     bf16 r;
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800 && !defined(TO_HOST_EMULATION)
+    asm("cvt.rn.bf16.f32 %0, %1;" : "=h"(r.bits) : "f"(f));
+#else
+    unsigned int u = __float_as_uint(f);
     if ((u & 0x7fffffffu) > 0x7f800000u) {  // NaN: keep it quiet NaN, keep the sign
         r.bits = static_cast<unsigned short>((u >> 16) | 0x0040u);
     } else {
         u += 0x7fffu + ((u >> 16) & 1u);
         r.bits = static_cast<unsigned short>(u >> 16);
     }
+#endif
     return r;
 }
 

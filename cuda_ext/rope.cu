@@ -59,7 +59,10 @@ __device__ __forceinline__ void rope_pairs(const T* __restrict__ xr, const float
 template <typename T>
 __device__ __forceinline__ void rope_kernel(const T* x, const float* cos_t, const float* sin_t, T* y,
                                             long long rows, int n, int T_pos, int interleaved, int vec) {
-    for (long long r = blockIdx.y; r < rows; r += gridDim.y) {
+    // blockDim.y rows per block (rows_cols_launch): a 128-wide row is 16 vector steps, so one
+    // row per 256-thread block left 15 of every 16 threads idle (0.37 of the copy on an H200).
+    for (long long r = (long long)blockIdx.y * blockDim.y + threadIdx.y; r < rows;
+         r += (long long)gridDim.y * blockDim.y) {
         const long long p = r % T_pos;
         const T* xr = x + r * n;
         T* yr = y + r * n;

@@ -46,7 +46,9 @@ __device__ __forceinline__ void softmax_row(const T* __restrict__ x, T* __restri
             }
         }
     } else {
-        // Online max/sum in one read, then one read + write.
+        // Online max/sum in one read, then one read + write. A NaN must reach the sum, as in
+        // the cached path and NumPy (a row holding a NaN is all NaN): the compare below skips
+        // it, so it is added explicitly (it makes s NaN for good); a +inf gives inf - inf.
         float m = NEG_INF, s = 0.0f;
         for (int i = g.tid; i < nvec; i += g.nthreads) {
             float a[V];
@@ -54,11 +56,13 @@ __device__ __forceinline__ void softmax_row(const T* __restrict__ x, T* __restri
 #pragma unroll
             for (int j = 0; j < V; ++j) {
                 if (a[j] > m) { s = s * expf(m - a[j]) + 1.0f; m = a[j]; }
-                else if (m != NEG_INF) s += expf(a[j] - m);  // -inf before any finite value adds 0
+                else if (m != NEG_INF || a[j] != a[j]) s += expf(a[j] - m);  // -inf first adds 0
             }
         }
         const float M = g.max(m);
-        const float inv = 1.0f / g.sum(m == NEG_INF ? 0.0f : s * expf(m - M));
+        // s == 0 only while every element seen was -inf (s * expf(-inf - -inf) would be NaN);
+        // a NaN s (m still -inf) is kept.
+        const float inv = 1.0f / g.sum(s == 0.0f ? 0.0f : s * expf(m - M));
         for (int i = g.tid; i < nvec; i += g.nthreads) {
             float a[V], o[V];
             load_f<T, V>(x + (size_t)i * V, a);

@@ -37,8 +37,17 @@ def bfloat16():
 
 
 def is_bf16(dt) -> bool:
-    """Whether NumPy dtype ``dt`` is ml_dtypes' bfloat16 (by name: no import needed)."""
-    return dt is not None and dt.itemsize == 2 and dt.name == "bfloat16"
+    """Whether NumPy dtype ``dt`` is ml_dtypes' bfloat16 (by name: no import needed; cached,
+    since ``dtype.name`` is Python code in NumPy)."""
+    if dt is None or dt.itemsize != 2:
+        return False
+    r = _IS_BF16.get(dt)
+    if r is None:
+        r = _IS_BF16[dt] = dt.name == "bfloat16"
+    return r
+
+
+_IS_BF16: dict = {}
 
 
 def np_dtype(a, kind: str):
@@ -47,13 +56,16 @@ def np_dtype(a, kind: str):
     if kind == "numpy":
         return a.dtype
     if kind == "torch":
-        import torch  # only reached when the caller already passed a torch tensor
-        d = a.dtype
-        if d is torch.bfloat16:
-            return bfloat16()
-        return {torch.float16: np.dtype(np.float16), torch.float32: np.dtype(np.float32),
-                torch.float64: np.dtype(np.float64)}.get(d, None)
+        if not _TORCH_NP:
+            import torch  # only reached when the caller already passed a torch tensor
+            _TORCH_NP.update({torch.float16: np.dtype(np.float16), torch.float32: np.dtype(np.float32),
+                              torch.float64: np.dtype(np.float64), torch.bfloat16: bfloat16()})
+        return _TORCH_NP.get(a.dtype)
     return np.dtype(a.dtype)
+
+
+#: torch dtype -> NumPy dtype, filled on the first torch tensor (was a dict built per call)
+_TORCH_NP: dict = {}
 
 
 def dtype_label(a, kind: str) -> str:

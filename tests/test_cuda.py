@@ -761,6 +761,10 @@ EMU_SHAPES = [(1, 8), (3, 37), (5, 64), (2, 514), (3, 1000), (1, 8200)]
 @pytest.mark.parametrize("op", OPS)
 @pytest.mark.parametrize("offset", [0, 1], ids=["aligned", "offset1"])
 def test_kernels_on_cpu_emulation(emu, op, shape, dtype, offset):
+    _emu_check(op, shape, dtype, offset)
+
+
+def _emu_check(op, shape, dtype, offset):
     if op.startswith("rope") or op in ("swiglu", "geglu"):
         shape = (shape[0], shape[1] + shape[1] % 2)
     rng = np.random.default_rng(abs(hash((op, shape))) % 2**32)
@@ -787,6 +791,59 @@ def test_kernels_on_cpu_emulation(emu, op, shape, dtype, offset):
     out = _emu_empty(ref.shape, dtype, offset)
     assert _call(op, dev["x"], dev, out) is out
     np.testing.assert_allclose(_from_storage(out), ref, rtol=rtol, atol=atol)
+
+
+@pytest.mark.parametrize("shape", [(37, 128), (9, 2048), (300, 8)], ids=lambda s: f"{s[0]}x{s[1]}")
+@pytest.mark.parametrize("op", ["rope", "rope_interleaved", "swiglu", "geglu"])
+def test_rows_per_block_launch_on_cpu_emulation(emu, monkeypatch, op, shape):
+    """rope and the gated ops put blockDim.y rows in each 256-thread block; with grid.y cut to 1
+    every thread row walks several rows (the loop a launch of over 65535 x blockDim.y rows takes)."""
+    real = cuda.ops.rows_cols_launch
+    blocks = []
+
+    def one_block_row(rows, units):
+        (gx, _, gz), block = real(rows, units)
+        blocks.append(block)
+        return (gx, 1, gz), block
+    monkeypatch.setattr(cuda.ops, "rows_cols_launch", one_block_row)
+    _emu_check(op, shape, "float32", 0)
+    assert blocks and all(b[0] * b[1] == 256 for b in blocks), blocks
+    if shape[1] <= 128:
+        assert all(b[1] > 1 for b in blocks), blocks      # short rows: several rows per block
+
+
+def test_rows_cols_launch_shapes():
+    f = cuda.arrays.rows_cols_launch
+    assert f(64 * 8192, 16) == ((1, 32768, 1), (16, 16, 1))      # rope fp32, 128-wide rows
+    assert f(1 << 21, 16) == ((1, 65535, 1), (16, 16, 1))        # more rows than grid.y: rows loop
+    assert f(8192, 1024) == ((4, 8192, 1), (256, 1, 1))          # swiglu fp32, h = 4096
+    assert f(3, 1) == ((1, 1, 1), (1, 256, 1))
+    assert f(10, 300) == ((2, 10, 1), (256, 1, 1))
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16"])
+@pytest.mark.parametrize("n", [2, 37, 1000, 8200])
+@pytest.mark.parametrize("special", ["nan", "inf"])
+def test_softmax_special_values_on_cpu_emulation(emu, n, dtype, special):
+    """A row holding a NaN or a +inf is all NaN, as NumPy and torch give, on each path: the
+    scalar (n = 2, 37), cached (1000) and streamed (8200) rows. The streamed/scalar online max
+    skipped a NaN that was a thread's first element: the GPU fuzz run of 2026-11-27 got
+    [nan, 1] for the fp16 row [nan, x]. Other rows of the launch are unaffected."""
+    rng = np.random.default_rng(n)
+    x = rng.standard_normal((3, n)).astype(np.float32)
+    x[0, 0] = float(special)                  # thread 0's first element
+    x[2, n - 1] = float(special)              # the last element, another thread's
+    xd = _emu_empty(x.shape, dtype)
+    xd.arr[...] = _to_storage(x, dtype)
+    xs = _from_storage(xd)
+    with np.errstate(invalid="ignore"):
+        e = np.exp(xs - xs.max(-1, keepdims=True))
+        ref = e / e.sum(-1, keepdims=True)
+    assert np.isnan(ref[[0, 2]]).all() and np.isfinite(ref[1]).all()
+    y = _from_storage(_call("softmax", xd, {}))
+    assert np.isnan(y[[0, 2]]).all(), (special, y[[0, 2]][~np.isnan(y[[0, 2]])][:5])
+    rtol, atol = TOL[dtype]
+    np.testing.assert_allclose(y[1], ref[1], rtol=rtol, atol=atol * max(1.0, np.sqrt(n) / 8))
 
 
 def test_fatbin_problem_reasons(tmp_path, monkeypatch):

@@ -373,6 +373,15 @@ def _serves_dtype(b: str, dtype: str) -> bool:
     return dts is None or dtype in dts
 
 
+def _declines_host_input(b: str, x) -> bool:
+    """Whether backend ``b`` declines NumPy ``x`` by its dtype though it computes that dtype on
+    device arrays (cuda's ``ops.HOST_DTYPES``: CuPy cannot hold NumPy bfloat16). Forced, such
+    a call must raise, as for a dtype the backend does not compute."""
+    mod = to._global.builtins().get(b)
+    host = getattr(getattr(mod, "ops", None), "HOST_DTYPES", None)
+    return host is not None and isinstance(x, np.ndarray) and x.dtype.name not in host
+
+
 class _Policy:
     """Force ``backend`` through TENSOR_OPS_BACKEND (no keyword), restoring the environment."""
 
@@ -659,7 +668,7 @@ def check(p: dict, backends=None, skip_known: bool = True, built=None, call=None
                 continue
             if skip_known and known_defect(p, b):
                 continue
-            if not _serves_dtype(b, p["dtype"]):
+            if not _serves_dtype(b, p["dtype"]) or _declines_host_input(b, x):
                 # a forced backend is never silently replaced: the call must say so
                 with pytest.raises(to.BackendUnsupportedError, match=p["dtype"]):
                     call(p, b, x, args, kw)

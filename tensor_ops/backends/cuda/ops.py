@@ -164,6 +164,8 @@ def rope(x, cos, sin, interleaved=False, out=None):
 
 
 _KERNEL_DTYPES = frozenset(SUFFIX)
+#: the NumPy dtypes copied to the GPU and back (CuPy cannot hold ml_dtypes' bfloat16)
+HOST_DTYPES = ("float32", "float16")
 
 
 def supports_for(op: str):
@@ -175,7 +177,7 @@ def supports_for(op: str):
         if k in ("cupy", "torch"):
             return dtype_name(x, k) in _KERNEL_DTYPES
         if k == "numpy":
-            return x.nbytes >= state.HOST_COPY_MIN_BYTES.get(op, 0) and x.dtype.name in ("float32", "float16")
+            return x.nbytes >= state.HOST_COPY_MIN_BYTES.get(op, 0) and x.dtype.name in HOST_DTYPES
         return False
     supports.__name__ = f"cuda_supports_{op}"
     return supports
