@@ -56,15 +56,21 @@ def np_dtype(a, kind: str):
     if kind == "numpy":
         return a.dtype
     if kind == "torch":
-        if not _TORCH_NP:
+        d = a.dtype
+        r = _TORCH_NP.get(d)
+        if r is None:
             import torch  # only reached when the caller already passed a torch tensor
-            _TORCH_NP.update({torch.float16: np.dtype(np.float16), torch.float32: np.dtype(np.float32),
-                              torch.float64: np.dtype(np.float64), torch.bfloat16: bfloat16()})
-        return _TORCH_NP.get(a.dtype)
+            r = bfloat16() if d is torch.bfloat16 else {
+                torch.float16: np.dtype(np.float16), torch.float32: np.dtype(np.float32),
+                torch.float64: np.dtype(np.float64)}.get(d, None)
+            if r is not None:
+                _TORCH_NP[d] = r
+        return r
     return np.dtype(a.dtype)
 
 
-#: torch dtype -> NumPy dtype, filled on the first torch tensor (was a dict built per call)
+#: torch dtype -> NumPy dtype, filled as each dtype is first seen (the mapping was a dict built
+#: on every call; ml_dtypes is still imported only for a bfloat16 tensor)
 _TORCH_NP: dict = {}
 
 
