@@ -56,13 +56,16 @@ def run(sizes=((8192, 4096),), ops=OPS, dtypes=("float32",), reps: int = 7, thre
 
 def small_call(reps: int = 50_000) -> dict:
     """(1, 4096) fp32 rms_norm in µs: the _cpp function, its native entry, the facade with
-    cpp first in the configured order (so its plain-call entry is used), np.empty."""
+    cpp first in the configured order (so its plain-call entry is used), np.empty; each plain
+    and with ``out=``, and on torch CPU tensors beside ``F.rms_norm`` when torch is installed;
+    the "general" lines hide the native entry for their calls (the path it replaced)."""
     import tensor_ops as to
-    from tensor_ops import _bench
+    from tensor_ops import _bench, _state
     from tensor_ops.backends import cpp
     C = cpp.native()
     x = np.random.default_rng(0).standard_normal((1, 4096)).astype(np.float32)
     w = np.ones(4096, np.float32)
+    y = np.empty_like(x)
     block = 50                  # calls per sample: short enough to fit between preemptions
 
     def loop(f):
@@ -70,15 +73,46 @@ def small_call(reps: int = 50_000) -> dict:
             for _ in range(block):
                 f()
         return g
+
+    def general(f, op="rms_norm", table=_state.fast_out_fns):
+        """The same call with its native entry hidden: the general path the entry replaced."""
+        def g():
+            e = table.pop(op, None)
+            try:
+                for _ in range(block):
+                    f()
+            finally:
+                if e is not None:
+                    table[op] = e
+        return g
     with _bench.settings_override(env_priority=["cpp", "numpy"], env_priority_source="bench_cpp --small"):
         assert to.get_backend("rms_norm") == "cpp", to.get_backend("rms_norm")
-        t = _bench.time_rounds({"direct": loop(lambda: C.rms_norm(x, w, EPS, None)),
-                                "entry": loop(lambda: C._fast_rms_norm(x, w, EPS)),
-                                "facade": loop(lambda: to.rms_norm(x, w, EPS)),
-                                "np_empty": loop(lambda: np.empty((1, 4096), np.float32))}, 0, max(1, reps // block))
+        fns = {"direct": loop(lambda: C.rms_norm(x, w, EPS, None)),
+               "entry": loop(lambda: C._fast_rms_norm(x, w, EPS)),
+               "facade": loop(lambda: to.rms_norm(x, w, EPS)),
+               "direct_out": loop(lambda: C.rms_norm(x, w, EPS, y)),
+               "facade_out": loop(lambda: to.rms_norm(x, w, EPS, out=y)),
+               "general_out": general(lambda: to.rms_norm(x, w, EPS, out=y)),
+               "add": loop(lambda: to.add_rms_norm(x, y, w, EPS)),
+               "general_add": general(lambda: to.add_rms_norm(x, y, w, EPS), "add_rms_norm", _state.fast_fns),
+               "np_empty": loop(lambda: np.empty((1, 4096), np.float32))}
+        try:
+            import torch
+            import torch.nn.functional as F
+            xt, wt, yt = torch.from_numpy(x), torch.from_numpy(w), torch.from_numpy(y)
+            fns.update({"torch_facade": loop(lambda: to.rms_norm(xt, wt, EPS)),
+                        "torch_facade_out": loop(lambda: to.rms_norm(xt, wt, EPS, out=yt)),
+                        "torch_general_out": general(lambda: to.rms_norm(xt, wt, EPS, out=yt)),
+                        "torch_F": loop(lambda: F.rms_norm(xt, (4096,), wt, EPS))})
+        except ImportError:
+            pass
+        t = _bench.time_rounds(fns, 0, max(1, reps // block))
     us = {k: float(np.median(v.times)) / block * 1e6 for k, v in t.items()}
     return {"direct_us": us["direct"], "facade_us": us["facade"], "facade_overhead_us": us["facade"] - us["direct"],
-            "native_entry_us": us["entry"], "np_empty_us": us["np_empty"]}
+            "native_entry_us": us["entry"], "np_empty_us": us["np_empty"], "direct_out_us": us["direct_out"],
+            "facade_out_us": us["facade_out"], "general_out_us": us["general_out"], "add_us": us["add"],
+            "general_add_us": us["general_add"],
+            **{f"{k}_us": us[k] for k in us if k.startswith("torch")}}
 
 
 def threshold_scan(reps: int = 30) -> list[dict]:
@@ -174,6 +208,13 @@ def main(argv=None) -> int:
         print(f"(1,4096) fp32 rms_norm (medians): direct _cpp.rms_norm {r['direct_us']:.3f} us, facade "
               f"{r['facade_us']:.3f} us, facade overhead {r['facade_overhead_us']:.3f} us (the native entry "
               f"_cpp._fast_rms_norm alone {r['native_entry_us']:.3f} us; np.empty alone {r['np_empty_us']:.3f} us)")
+        print(f"  with out=: direct {r['direct_out_us']:.3f} us, facade {r['facade_out_us']:.3f} us (its general "
+              f"path {r['general_out_us']:.3f} us); add_rms_norm {r['add_us']:.3f} us (general path "
+              f"{r['general_add_us']:.3f} us)")
+        if "torch_F_us" in r:
+            print(f"  torch CPU tensors: facade {r['torch_facade_us']:.3f} us, facade out= "
+                  f"{r['torch_facade_out_us']:.3f} us (general path {r['torch_general_out_us']:.3f} us), "
+                  f"torch.nn.functional.rms_norm {r['torch_F_us']:.3f} us")
         return 0
     rows = run(sizes, a.ops, a.dtypes, reps=a.reps, threads=a.threads, with_torch=not a.no_torch, compile=a.compile)
     print_table(rows)

@@ -3,9 +3,15 @@
 // tensor_ops/_facade.py calls these for a plain call (no out=, no backend=, no override) once
 // the resolver has chosen default.cpp for the op. They take only what needs no
 // normalisation: exactly numpy.ndarray, >= 1 dim, non-empty, C-contiguous, aligned, native
-// float32/float16 (or ml_dtypes bfloat16 once the module has seen that dtype), weights of the same dtype and length, a finite float eps >= 0. Anything
+// float32/float16 (or ml_dtypes bfloat16 once the module has seen that dtype), weights of the
+// same dtype and length, a finite float eps >= 0. Anything
 // else returns None and the facade's general path gives the same result or its error, so
-// there is one set of checks and messages. Why they exist: the facade's Python checks and
+// there is one set of checks and messages. out= calls come here too, as one trailing argument
+// (the facade passes it only when given; _state.fast_out_fns): taken when it is exactly an
+// ndarray of x's dtype and result shape, C-contiguous, aligned, writeable and sharing no byte
+// with any input -- in-place included, which the general path serves through a temporary.
+// Through Python a (1, 4096) rms_norm with out= cost 15-18 us on NumPy arrays and 52-66 us on
+// torch tensors; here 1.4-1.7 / 3.8-4.9 us (bench_cpp.py --small). Why they exist: the facade's Python checks and
 // the manager's dispatch added ~1.4 us to a (1, 4096) rms_norm that costs ~0.9 us through
 // the binding alone (bench_cpp.py --small); as METH_FASTCALL functions they also skip
 // pybind11's argument dispatcher. Calls are counted here (the
@@ -18,8 +24,11 @@
 namespace to {
 namespace {
 
-enum FastOp { FO_RMS, FO_LN, FO_SOFTMAX, FO_SILU, FO_RELU, FO_GELU, FO_SWIGLU, FO_GEGLU, FO_COUNT };
-const char* FAST_NAMES[FO_COUNT] = {"rms_norm", "layer_norm", "softmax", "silu", "relu", "gelu", "swiglu", "geglu"};
+enum FastOp {
+    FO_RMS, FO_LN, FO_SOFTMAX, FO_SILU, FO_RELU, FO_GELU, FO_SWIGLU, FO_GEGLU, FO_ADD_RMS, FO_ADD_LN, FO_COUNT
+};
+const char* FAST_NAMES[FO_COUNT] = {"rms_norm", "layer_norm", "softmax", "silu",         "relu",
+                                    "gelu",     "swiglu",     "geglu",   "add_rms_norm", "add_layer_norm"};
 std::atomic<int64_t> g_fast_calls[FO_COUNT];
 
 int plain_dt(PyObject* o) {
@@ -57,6 +66,37 @@ int plain_approx(PyObject* a) {  // 0 none, 1 tanh, -1 anything else
     return -1;
 }
 inline py::object B(PyObject* o) { return py::reinterpret_borrow<py::object>(o); }
+
+int64_t span(PyObject* o, int dt) {  // bytes of a plain (C-contiguous) array of dtype dt
+    auto* p = proxy(o);
+    int64_t n = ELSIZE[dt];
+    for (int i = 0; i < p->nd; ++i) n *= p->dimensions[i];
+    return n;
+}
+// The entry's optional trailing out= argument (a[k] when na == k + 1): sets `out` (Py_None when
+// absent or None) and returns false to decline. The result has x's shape, its last axis halved
+// when `half` (the gated ops); the inputs (x, weight, bias) are plain arrays of dtype dt or None.
+bool out_arg(PyObject* const* a, Py_ssize_t na, Py_ssize_t k, int dt, bool half,
+             std::initializer_list<PyObject*> inputs, PyObject*& out) {
+    out = Py_None;
+    if (na == k || a[k] == Py_None) return na == k || na == k + 1;
+    if (na != k + 1) return false;
+    PyObject* o = a[k];
+    if (plain_dt(o) != dt || !(proxy(o)->flags & F_WRITEABLE)) return false;
+    auto *po = proxy(o), *px = proxy(a[0]);
+    if (po->nd != px->nd) return false;
+    for (int i = 0; i < po->nd; ++i)
+        if (po->dimensions[i] != (i == po->nd - 1 && half ? px->dimensions[i] / 2 : px->dimensions[i])) return false;
+    const char* o0 = po->data;
+    const char* o1 = o0 + span(o, dt);
+    for (PyObject* in : inputs) {
+        if (in == Py_None) continue;
+        const char* i0 = proxy(in)->data;
+        if (o0 < i0 + span(in, dt) && i0 < o1) return false;
+    }
+    out = o;
+    return true;
+}
 inline PyObject* declined() { Py_RETURN_NONE; }
 
 template <class F>
@@ -80,22 +120,30 @@ PyObject* fast_call(int op, const F& f) {
 PyObject* fast_rms_norm(PyObject*, PyObject* const* a, Py_ssize_t na) {
     float eps;
     int dt;
-    if (na != 3 || (dt = plain_dt(a[0])) < 0 || !plain_vec(a[1], dt, last_dim(a[0])) || !plain_eps(a[2], eps))
+    PyObject* out;
+    if (na < 3 || (dt = plain_dt(a[0])) < 0 || !plain_vec(a[1], dt, last_dim(a[0])) || !plain_eps(a[2], eps) ||
+        !out_arg(a, na, 3, dt, false, {a[0], a[1]}, out))
         return declined();
     const py::object none = py::none();
-    return fast_call(FO_RMS, [&] { return rms_norm(B(a[0]), B(a[1]), eps, none, none, false, none); });
+    return fast_call(FO_RMS, [&] { return rms_norm(B(a[0]), B(a[1]), eps, B(out), none, false, none); });
 }
 PyObject* fast_layer_norm(PyObject*, PyObject* const* a, Py_ssize_t na) {
     float eps;
     int dt;
-    if (na != 4 || (dt = plain_dt(a[0])) < 0 || !plain_vec(a[1], dt, last_dim(a[0])) ||
-        (a[2] != Py_None && !plain_vec(a[2], dt, last_dim(a[0]))) || !plain_eps(a[3], eps))
+    PyObject* out;
+    if (na < 4 || (dt = plain_dt(a[0])) < 0 || !plain_vec(a[1], dt, last_dim(a[0])) ||
+        (a[2] != Py_None && !plain_vec(a[2], dt, last_dim(a[0]))) || !plain_eps(a[3], eps) ||
+        !out_arg(a, na, 4, dt, false, {a[0], a[1], a[2]}, out))
         return declined();
     const py::object none = py::none();
-    return fast_call(FO_LN, [&] { return layer_norm(B(a[0]), B(a[1]), B(a[2]), eps, none, none, none, false, none); });
+    return fast_call(FO_LN,
+                     [&] { return layer_norm(B(a[0]), B(a[1]), B(a[2]), eps, B(out), none, none, false, none); });
 }
 PyObject* fast_softmax(PyObject*, PyObject* const* a, Py_ssize_t na) {
-    if (na != 2 || plain_dt(a[0]) < 0 || !PyLong_CheckExact(a[1])) return declined();
+    int dt;
+    PyObject* out;
+    if (na < 2 || (dt = plain_dt(a[0])) < 0 || !PyLong_CheckExact(a[1]) || !out_arg(a, na, 2, dt, false, {a[0]}, out))
+        return declined();
     const long axis = PyLong_AsLong(a[1]);
     if (axis == -1 && PyErr_Occurred()) {  // overflowed: the general path explains the range
         PyErr_Clear();
@@ -103,30 +151,71 @@ PyObject* fast_softmax(PyObject*, PyObject* const* a, Py_ssize_t na) {
     }
     if (axis != -1 && axis != proxy(a[0])->nd - 1) return declined();
     const py::object none = py::none();
-    return fast_call(FO_SOFTMAX, [&] { return softmax(B(a[0]), none, none); });
+    return fast_call(FO_SOFTMAX, [&] { return softmax(B(a[0]), B(out), none); });
 }
 template <int OP, int UN>
 PyObject* fast_unary(PyObject*, PyObject* const* a, Py_ssize_t na) {
-    if (na != 1 || plain_dt(a[0]) < 0) return declined();
+    int dt;
+    PyObject* out;
+    if (na < 1 || (dt = plain_dt(a[0])) < 0 || !out_arg(a, na, 1, dt, false, {a[0]}, out)) return declined();
     const py::object none = py::none();
-    return fast_call(OP, [&] { return unary(UN, B(a[0]), none, none); });
+    return fast_call(OP, [&] { return unary(UN, B(a[0]), B(out), none); });
 }
 PyObject* fast_gelu(PyObject*, PyObject* const* a, Py_ssize_t na) {
-    int ap;
-    if (na != 2 || plain_dt(a[0]) < 0 || (ap = plain_approx(a[1])) < 0) return declined();
+    int ap, dt;
+    PyObject* out;
+    if (na < 2 || (dt = plain_dt(a[0])) < 0 || (ap = plain_approx(a[1])) < 0 ||
+        !out_arg(a, na, 2, dt, false, {a[0]}, out))
+        return declined();
     const py::object none = py::none();
-    return fast_call(FO_GELU, [&] { return unary(ap ? UN_GELU_TANH : UN_GELU_ERF, B(a[0]), none, none); });
+    return fast_call(FO_GELU, [&] { return unary(ap ? UN_GELU_TANH : UN_GELU_ERF, B(a[0]), B(out), none); });
 }
 PyObject* fast_swiglu(PyObject*, PyObject* const* a, Py_ssize_t na) {
-    if (na != 1 || plain_dt(a[0]) < 0 || last_dim(a[0]) % 2) return declined();
+    int dt;
+    PyObject* out;
+    if (na < 1 || (dt = plain_dt(a[0])) < 0 || last_dim(a[0]) % 2 || !out_arg(a, na, 1, dt, true, {a[0]}, out))
+        return declined();
     const py::object none = py::none();
-    return fast_call(FO_SWIGLU, [&] { return glu(GLU_SWIGLU, B(a[0]), none, none); });
+    return fast_call(FO_SWIGLU, [&] { return glu(GLU_SWIGLU, B(a[0]), B(out), none); });
 }
 PyObject* fast_geglu(PyObject*, PyObject* const* a, Py_ssize_t na) {
-    int ap;
-    if (na != 2 || plain_dt(a[0]) < 0 || last_dim(a[0]) % 2 || (ap = plain_approx(a[1])) < 0) return declined();
+    int ap, dt;
+    PyObject* out;
+    if (na < 2 || (dt = plain_dt(a[0])) < 0 || last_dim(a[0]) % 2 || (ap = plain_approx(a[1])) < 0 ||
+        !out_arg(a, na, 2, dt, true, {a[0]}, out))
+        return declined();
     const py::object none = py::none();
-    return fast_call(FO_GEGLU, [&] { return glu(ap ? GLU_GEGLU_TANH : GLU_GEGLU_ERF, B(a[0]), none, none); });
+    return fast_call(FO_GEGLU, [&] { return glu(ap ? GLU_GEGLU_TANH : GLU_GEGLU_ERF, B(a[0]), B(out), none); });
+}
+
+// The fused residual add + norm, (normed, x + residual): plain calls only (out= is a pair, with
+// an in-place form; it declines to the general path).
+bool plain_like_x(PyObject* r, PyObject* x, int dt) {
+    if (plain_dt(r) != dt || proxy(r)->nd != proxy(x)->nd) return false;
+    for (int i = 0; i < proxy(x)->nd; ++i)
+        if (proxy(r)->dimensions[i] != proxy(x)->dimensions[i]) return false;
+    return true;
+}
+PyObject* fast_add_rms_norm(PyObject*, PyObject* const* a, Py_ssize_t na) {
+    float eps;
+    int dt;
+    if ((na != 4 && !(na == 5 && a[4] == Py_None)) || (dt = plain_dt(a[0])) < 0 || !plain_like_x(a[1], a[0], dt) ||
+        !plain_vec(a[2], dt, last_dim(a[0])) || !plain_eps(a[3], eps))
+        return declined();
+    const py::object none = py::none();
+    return fast_call(FO_ADD_RMS,
+                     [&] { return add_norm(false, B(a[0]), B(a[1]), B(a[2]), none, eps, none, none, none); });
+}
+PyObject* fast_add_layer_norm(PyObject*, PyObject* const* a, Py_ssize_t na) {
+    float eps;
+    int dt;
+    if ((na != 5 && !(na == 6 && a[5] == Py_None)) || (dt = plain_dt(a[0])) < 0 || !plain_like_x(a[1], a[0], dt) ||
+        !plain_vec(a[2], dt, last_dim(a[0])) || (a[3] != Py_None && !plain_vec(a[3], dt, last_dim(a[0]))) ||
+        !plain_eps(a[4], eps))
+        return declined();
+    const py::object none = py::none();
+    return fast_call(FO_ADD_LN,
+                     [&] { return add_norm(true, B(a[0]), B(a[1]), B(a[2]), B(a[3]), eps, none, none, none); });
 }
 
 // Every entry first hands torch tensors to torch_entry.cpp (views in, a tensor out).
@@ -139,16 +228,21 @@ PyObject* entry(PyObject* self, PyObject* const* a, Py_ssize_t na) {
 #define TO_FASTCALL(f) reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)(void)>(&entry<f>))
 // "name(args, /)\n--\n\n" is CPython's __text_signature__ form: inspect.signature() (and so
 // mypy.stubtest) sees the positional-only parameters; __doc__ keeps "(args) -> y or None".
-#define TO_DOC(name, args) name "(" args ", /)\n--\n\n(" args ") -> y or None"
+#define TO_DOC(name, args) name "(" args ", /)\n--\n\n(" args ") -> y (out when given) or None"
 PyMethodDef g_fast_defs[] = {
-    {"_fast_rms_norm", TO_FASTCALL(fast_rms_norm), METH_FASTCALL, TO_DOC("_fast_rms_norm", "x, weight, eps")},
-    {"_fast_layer_norm", TO_FASTCALL(fast_layer_norm), METH_FASTCALL, TO_DOC("_fast_layer_norm", "x, weight, bias, eps")},
-    {"_fast_softmax", TO_FASTCALL(fast_softmax), METH_FASTCALL, TO_DOC("_fast_softmax", "x, axis")},
-    {"_fast_silu", TO_FASTCALL((fast_unary<FO_SILU, UN_SILU>)), METH_FASTCALL, TO_DOC("_fast_silu", "x")},
-    {"_fast_relu", TO_FASTCALL((fast_unary<FO_RELU, UN_RELU>)), METH_FASTCALL, TO_DOC("_fast_relu", "x")},
-    {"_fast_gelu", TO_FASTCALL(fast_gelu), METH_FASTCALL, TO_DOC("_fast_gelu", "x, approximate")},
-    {"_fast_swiglu", TO_FASTCALL(fast_swiglu), METH_FASTCALL, TO_DOC("_fast_swiglu", "x")},
-    {"_fast_geglu", TO_FASTCALL(fast_geglu), METH_FASTCALL, TO_DOC("_fast_geglu", "x, approximate")},
+    {"_fast_rms_norm", TO_FASTCALL(fast_rms_norm), METH_FASTCALL, TO_DOC("_fast_rms_norm", "x, weight, eps, out=None")},
+    {"_fast_layer_norm", TO_FASTCALL(fast_layer_norm), METH_FASTCALL,
+     TO_DOC("_fast_layer_norm", "x, weight, bias, eps, out=None")},
+    {"_fast_softmax", TO_FASTCALL(fast_softmax), METH_FASTCALL, TO_DOC("_fast_softmax", "x, axis, out=None")},
+    {"_fast_silu", TO_FASTCALL((fast_unary<FO_SILU, UN_SILU>)), METH_FASTCALL, TO_DOC("_fast_silu", "x, out=None")},
+    {"_fast_relu", TO_FASTCALL((fast_unary<FO_RELU, UN_RELU>)), METH_FASTCALL, TO_DOC("_fast_relu", "x, out=None")},
+    {"_fast_gelu", TO_FASTCALL(fast_gelu), METH_FASTCALL, TO_DOC("_fast_gelu", "x, approximate, out=None")},
+    {"_fast_swiglu", TO_FASTCALL(fast_swiglu), METH_FASTCALL, TO_DOC("_fast_swiglu", "x, out=None")},
+    {"_fast_geglu", TO_FASTCALL(fast_geglu), METH_FASTCALL, TO_DOC("_fast_geglu", "x, approximate, out=None")},
+    {"_fast_add_rms_norm", TO_FASTCALL(fast_add_rms_norm), METH_FASTCALL,
+     TO_DOC("_fast_add_rms_norm", "x, residual, weight, eps, out=None")},
+    {"_fast_add_layer_norm", TO_FASTCALL(fast_add_layer_norm), METH_FASTCALL,
+     TO_DOC("_fast_add_layer_norm", "x, residual, weight, bias, eps, out=None")},
     {nullptr, nullptr, 0, nullptr}};
 
 }  // namespace

@@ -12,7 +12,8 @@
 // Anything that is not plain (requires_grad -- autograd must record the call --, not CPU,
 // not C-contiguous, not aligned, empty, a dtype other than float32/float16/bfloat16, mixed
 // with NumPy arrays, weights of another dtype) returns None: the Python path (the same
-// validation and messages as NumPy input) takes it.
+// validation and messages as NumPy input) takes it. An out= tensor is viewed like the others;
+// the entry writes through its view and the call returns the tensor itself.
 #include "binding.h"
 #include "checks.h"
 
@@ -161,10 +162,29 @@ PyObject* torch_fast(FastEntry f, PyObject* self, PyObject* const* a, Py_ssize_t
         }
     }
     PyObject* r = ok ? f(self, views, na) : nullptr;
+    PyObject* given = nullptr;  // out=: the entry returned the view of a tensor argument -> that tensor
+    for (Py_ssize_t i = 0; ok && r && i < na; ++i)
+        if (r == views[i] && Py_TYPE(a[i]) == g_torch_tensor) given = a[i];
     for (Py_ssize_t i = 0; i < made; ++i) Py_XDECREF(views[i]);
     if (!ok) return declined();
+    if (given) {
+        Py_DECREF(r);
+        Py_INCREF(given);
+        return given;
+    }
     if (!r || r == Py_None) return r;
-    return as_tensor(r, dt);
+    if (!PyTuple_CheckExact(r)) return as_tensor(r, dt);
+    const Py_ssize_t k = PyTuple_GET_SIZE(r);  // the fused add + norm's (normed, sum)
+    PyObject* t = PyTuple_New(k);
+    for (Py_ssize_t i = 0; t && i < k; ++i) {
+        PyObject* e = PyTuple_GET_ITEM(r, i);
+        Py_INCREF(e);
+        PyObject* te = as_tensor(e, dt);
+        if (!te) Py_CLEAR(t);
+        else PyTuple_SET_ITEM(t, i, te);
+    }
+    Py_DECREF(r);
+    return t;
 }
 
 void register_torch(py::module_& m) {

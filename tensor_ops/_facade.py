@@ -11,7 +11,10 @@ so it has the stub's exact signature and docstring and costs one Python frame:
    plain-call entry when the policy always picks an impl that has one
    (``_state.fast_fns``; e.g. ``tensor_ops._cpp._fast_rms_norm``). The entry validates the
    plain case itself and returns the result, or None to decline (a (1, 4096) call costs ~1 µs
-   in the kernel, so validation in Python would cost more than the work);
+   in the kernel, so validation in Python would cost more than the work). A call with
+   ``out=`` (and no ``backend=``) goes to the same entry with ``out`` appended when it takes
+   one (``_state.fast_out_fns``): the entry also checks ``out`` (result shape and dtype,
+   contiguous, writeable, no memory shared with an input) or declines;
 2. everything else takes :func:`general`: the spec's ``prepare`` (validation, once, the same
    for every backend), then the resolver.
 """
@@ -118,12 +121,19 @@ def _pair(spec: OpSpec, p, backend, kind: str):
 
 _TEMPLATE = '''\
 def {name}({params}, *, out=None, backend=None):
-    if out is None and backend is None:
-        f = _native({name!r})
-        if f is not None and _ctx_get() is None:
-            r = f({args})
-            if r is not None:
-                return r
+    if backend is None:
+        if out is None:
+            f = _native({name!r})
+            if f is not None and _ctx_get() is None:
+                r = f({args})
+                if r is not None:
+                    return r
+        else:
+            f = _native_out({name!r})
+            if f is not None and _ctx_get() is None:
+                r = f({args}, out)
+                if r is not None:
+                    return r
     return _general(_spec, ({args},), out, backend)
 '''
 
@@ -135,8 +145,8 @@ def make_op(spec: OpSpec):
     defaults = {f"_d_{k}": p.default for k, p in sig.parameters.items() if p.default is not inspect.Parameter.empty}
     params = ", ".join(k if f"_d_{k}" not in defaults else f"{k}=_d_{k}" for k in names)
     src = _TEMPLATE.format(name=spec.name, params=params, args=", ".join(names))
-    ns = {"_native": _state.fast_fns.get, "_ctx_get": _state.context_backend.get, "_general": general,
-          "_spec": spec, **defaults}
+    ns = {"_native": _state.fast_fns.get, "_native_out": _state.fast_out_fns.get,
+          "_ctx_get": _state.context_backend.get, "_general": general, "_spec": spec, **defaults}
     exec(compile(src, f"<tensor_ops facade {spec.name}>", "exec"), ns)   # noqa: S102 - generated from the spec
     fn = ns[spec.name]
     fn.__module__ = "tensor_ops"

@@ -114,7 +114,8 @@ def _build() -> OpManager:
     settings.gpu_probe = _gpu_device_ids
     _apply_logging(settings)
     m = OpManager(registry, settings)
-    m.fast_fns = _state.fast_fns  # the facade's native fast path reads this dict
+    m.fast_fns = _state.fast_fns  # the facade's native fast path reads these dicts
+    m.fast_out_fns = _state.fast_out_fns
     _manager = m
     return _manager
 
@@ -175,7 +176,7 @@ def set_backend(name: Optional[str]) -> None:
     m = manager()
     with m._lock:   # no resolve() can install a fast entry in between
         _state.global_backend = name
-        m.fast_fns.clear()
+        m.clear_fast()
         if name is None:
             for op in {r.op for r in m._cache.values() if r.api == "facade"}:
                 m._install_fast_fn(op)

@@ -57,6 +57,7 @@ class OpManager:
         # op -> a native entry that does the whole plain call (see _install_fast_fn); the
         # global manager shares _state.fast_fns with the facade. Cleared in place, never rebound.
         self.fast_fns: dict = {}
+        self.fast_out_fns: dict = {}         # the entries of fast_fns that also take out= (_state's too)
         self._retired: dict = {}             # (op, api) -> [calls by impl, fallbacks] of dropped caches
         self._seq = 0
         self._override_tokens: dict = {}
@@ -80,8 +81,13 @@ class OpManager:
                     acc[0][k] = acc[0].get(k, 0) + v
                 acc[1] += res.fallbacks
             self._cache = {}
-            self.fast_fns.clear()
+            self.clear_fast()
             self._override_tokens = {}
+
+    def clear_fast(self) -> None:
+        """Drop every native entry (plain and out=); in place: the facade reads these dicts."""
+        self.fast_fns.clear()
+        self.fast_out_fns.clear()
 
     # -- availability -------------------------------------------------------------------
     def availability(self, impl: OpImpl) -> tuple[bool, str]:
@@ -181,6 +187,8 @@ class OpManager:
         fp = first.plain_entry
         if fp is not None and first.fn is fp.fn:
             self.fast_fns[op] = fp.entry
+            if getattr(fp, "takes_out", False):
+                self.fast_out_fns[op] = fp.entry
 
     def _resolve(self, op, api, override, dtype_name, nbytes, kind: str = "numpy") -> Resolution:
         s = self.settings

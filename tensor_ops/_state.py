@@ -16,3 +16,5 @@ global_backend: Optional[str] = None
 # policy's first candidate has one (OpManager._install_fast_fn), emptied on every
 # invalidation and by set_backend(). One dict for the process: the facade binds its .get.
 fast_fns: dict = {}
+# the same for out= calls: the entries whose PlainEntry.takes_out (a subset of fast_fns)
+fast_out_fns: dict = {}

@@ -181,7 +181,7 @@ def host(spec, args: tuple, out, backend):
         if f is not None:
             r = f(*views)
             if r is not None:
-                return to_torch(r)
+                return tuple(to_torch(a) for a in r) if type(r) is tuple else to_torch(r)
     from ._facade import _general_arrays
     ov: Any
     if type(out) is tuple:

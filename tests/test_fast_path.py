@@ -97,7 +97,7 @@ def _declined_cases():
         cases.append((f"gelu approximate {ap!r}", "gelu", (x, ap)))
         cases.append((f"geglu approximate {ap!r}", "geglu", (x, ap)))
     cases.append(("swiglu odd last axis", "swiglu", (x[:, :15].copy(),)))
-    cases.append(("silu extra argument", "silu", (x, None)))
+    cases.append(("silu extra arguments", "silu", (x, None, None)))
     cases.append(("rms_norm missing eps", "rms_norm", (x, w)))
     return cases
 

@@ -52,6 +52,9 @@ class PlainEntry(NamedTuple):
     fn: Callable[..., Any]      # the impl's fn it stands for (the entry is dropped if fn is replaced)
     entry: Callable[..., Any]   # takes the facade's plain arguments; returns the result or None
     calls: Callable[[], int]    # calls it served (added to get_backend_info()'s counts)
+    #: whether ``entry`` also takes ``out=`` as one more positional argument (writes it and
+    #: returns it, or None to decline); the facade then calls it for out= calls as well
+    takes_out: bool = False
 
 
 class Availability:
