@@ -16,27 +16,18 @@ import pytest
 import tensor_ops as to
 from tensor_ops import _state
 
-from .test_fast_path import OPS, _args, _counts
+from . import test_fast_path as _fp
+from .test_fast_path import _args, _counts, plain_cases
 
 pytestmark = pytest.mark.cpp
-
-
-@pytest.fixture
-def C(isolated_config, unforced):
-    from tensor_ops.backends import cpp
-    ok, reason = cpp.availability()
-    if not ok:
-        pytest.skip(f"cpp unavailable: {reason}")
-    return cpp.native()
+C = _fp.C       # the fixture: the cpp module (isolated config, no suite-wide forced backend), or a skip
 
 
 def _out_shape(op, x):
     return x.shape[:-1] + (x.shape[-1] // 2,) if op in ("swiglu", "geglu") else x.shape
 
 
-@pytest.mark.parametrize("op", OPS)
-@pytest.mark.parametrize("dt", [np.float32, np.float16])
-@pytest.mark.parametrize("shape", [(1, 4096), (3, 18), (2, 3, 8), (10,)])
+@plain_cases
 def test_out_is_written_and_returned_like_the_binding(C, op, dt, shape):
     x = np.random.default_rng(1).standard_normal(shape).astype(dt)
     args, binding = _args(op, x)

@@ -53,9 +53,14 @@ def _args(op, x):
     }[op]
 
 
-@pytest.mark.parametrize("op", OPS)
-@pytest.mark.parametrize("dt", [np.float32, np.float16])
-@pytest.mark.parametrize("shape", [(1, 4096), (3, 18), (2, 3, 8), (10,)])
+def plain_cases(test):
+    """op x dtype x shape: the calls every entry test makes (tests/test_fast_out.py too)."""
+    test = pytest.mark.parametrize("shape", [(1, 4096), (3, 18), (2, 3, 8), (10,)])(test)
+    test = pytest.mark.parametrize("dt", [np.float32, np.float16])(test)
+    return pytest.mark.parametrize("op", OPS)(test)
+
+
+@plain_cases
 def test_native_entry_matches_binding_and_facade(C, op, dt, shape):
     x = np.random.default_rng(1).standard_normal(shape).astype(dt)
     args, binding = _args(op, x)
