@@ -58,7 +58,8 @@ def small_call(reps: int = 50_000) -> dict:
     """(1, 4096) fp32 rms_norm in µs: the _cpp function, its native entry, the facade with
     cpp first in the configured order (so its plain-call entry is used), np.empty; each plain
     and with ``out=``, and on torch CPU tensors beside ``F.rms_norm`` when torch is installed;
-    the "general" lines hide the native entry for their calls (the path it replaced)."""
+    add_rms_norm and a decode step's rope; the "general" lines hide the native entry for their calls
+    (the path it replaced)."""
     import tensor_ops as to
     from tensor_ops import _bench, _state
     from tensor_ops.backends import cpp
@@ -66,6 +67,8 @@ def small_call(reps: int = 50_000) -> dict:
     x = np.random.default_rng(0).standard_normal((1, 4096)).astype(np.float32)
     w = np.ones(4096, np.float32)
     y = np.empty_like(x)
+    xr = np.random.default_rng(1).standard_normal((32, 1, 128)).astype(np.float32)   # a decode step's q
+    cs = np.ones((1, 128), np.float32)
     block = 50                  # calls per sample: short enough to fit between preemptions
 
     def loop(f):
@@ -95,6 +98,8 @@ def small_call(reps: int = 50_000) -> dict:
                "general_out": general(lambda: to.rms_norm(x, w, EPS, out=y)),
                "add": loop(lambda: to.add_rms_norm(x, y, w, EPS)),
                "general_add": general(lambda: to.add_rms_norm(x, y, w, EPS), "add_rms_norm", _state.fast_fns),
+               "rope": loop(lambda: to.rope(xr, cs, cs)),
+               "general_rope": general(lambda: to.rope(xr, cs, cs), "rope", _state.fast_fns),
                "np_empty": loop(lambda: np.empty((1, 4096), np.float32))}
         try:
             import torch
@@ -111,7 +116,7 @@ def small_call(reps: int = 50_000) -> dict:
     return {"direct_us": us["direct"], "facade_us": us["facade"], "facade_overhead_us": us["facade"] - us["direct"],
             "native_entry_us": us["entry"], "np_empty_us": us["np_empty"], "direct_out_us": us["direct_out"],
             "facade_out_us": us["facade_out"], "general_out_us": us["general_out"], "add_us": us["add"],
-            "general_add_us": us["general_add"],
+            "general_add_us": us["general_add"], "rope_us": us["rope"], "general_rope_us": us["general_rope"],
             **{f"{k}_us": us[k] for k in us if k.startswith("torch")}}
 
 
@@ -210,7 +215,8 @@ def main(argv=None) -> int:
               f"_cpp._fast_rms_norm alone {r['native_entry_us']:.3f} us; np.empty alone {r['np_empty_us']:.3f} us)")
         print(f"  with out=: direct {r['direct_out_us']:.3f} us, facade {r['facade_out_us']:.3f} us (its general "
               f"path {r['general_out_us']:.3f} us); add_rms_norm {r['add_us']:.3f} us (general path "
-              f"{r['general_add_us']:.3f} us)")
+              f"{r['general_add_us']:.3f} us); rope (32, 1, 128) {r['rope_us']:.3f} us (general path "
+              f"{r['general_rope_us']:.3f} us)")
         if "torch_F_us" in r:
             print(f"  torch CPU tensors: facade {r['torch_facade_us']:.3f} us, facade out= "
                   f"{r['torch_facade_out_us']:.3f} us (general path {r['torch_general_out_us']:.3f} us), "

@@ -247,8 +247,6 @@ py::object glu(int g, const py::object& x_, const py::object& out_, const py::ob
     return res;
 }
 
-namespace {
-
 py::object rope(const py::object& x_, const py::object& cos_, const py::object& sin_, bool interleaved,
                 const py::object& out_, const py::object& dtype) {
     const bool bf = parse_bf16(dtype);
@@ -304,8 +302,6 @@ py::object rope(const py::object& x_, const py::object& cos_, const py::object& 
     });
     return res;
 }
-
-}  // namespace
 
 void register_facade(py::module_& m) {
     using namespace pybind11::literals;

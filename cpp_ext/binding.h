@@ -32,6 +32,8 @@ py::object layer_norm(const py::object& x, const py::object& w, const py::object
 py::object softmax(const py::object& x, const py::object& out, const py::object& dtype);
 py::object unary(int op, const py::object& x, const py::object& out, const py::object& dtype);
 py::object glu(int g, const py::object& x, const py::object& out, const py::object& dtype);
+py::object rope(const py::object& x, const py::object& cos, const py::object& sin, bool interleaved,
+                const py::object& out, const py::object& dtype);
 // the fused residual add + norm (layer: add_layer_norm, else add_rms_norm): (normed, x + residual)
 py::tuple add_norm(bool layer, const py::object& x, const py::object& r, const py::object& w, const py::object& b,
                    float eps, const py::object& out, const py::object& ro, const py::object& dtype);

@@ -25,10 +25,10 @@ namespace to {
 namespace {
 
 enum FastOp {
-    FO_RMS, FO_LN, FO_SOFTMAX, FO_SILU, FO_RELU, FO_GELU, FO_SWIGLU, FO_GEGLU, FO_ADD_RMS, FO_ADD_LN, FO_COUNT
+    FO_RMS, FO_LN, FO_SOFTMAX, FO_SILU, FO_RELU, FO_GELU, FO_SWIGLU, FO_GEGLU, FO_ADD_RMS, FO_ADD_LN, FO_ROPE, FO_COUNT
 };
-const char* FAST_NAMES[FO_COUNT] = {"rms_norm", "layer_norm", "softmax", "silu",         "relu",
-                                    "gelu",     "swiglu",     "geglu",   "add_rms_norm", "add_layer_norm"};
+const char* FAST_NAMES[FO_COUNT] = {"rms_norm", "layer_norm", "softmax",      "silu",           "relu", "gelu",
+                                    "swiglu",   "geglu",      "add_rms_norm", "add_layer_norm", "rope"};
 std::atomic<int64_t> g_fast_calls[FO_COUNT];
 
 int plain_dt(PyObject* o) {
@@ -67,15 +67,15 @@ int plain_approx(PyObject* a) {  // 0 none, 1 tanh, -1 anything else
 }
 inline py::object B(PyObject* o) { return py::reinterpret_borrow<py::object>(o); }
 
-int64_t span(PyObject* o, int dt) {  // bytes of a plain (C-contiguous) array of dtype dt
+int64_t span(PyObject* o) {  // bytes of a plain (C-contiguous) array
     auto* p = proxy(o);
-    int64_t n = ELSIZE[dt];
+    int64_t n = ELSIZE[plain_dt(o)];
     for (int i = 0; i < p->nd; ++i) n *= p->dimensions[i];
     return n;
 }
 // The entry's optional trailing out= argument (a[k] when na == k + 1): sets `out` (Py_None when
 // absent or None) and returns false to decline. The result has x's shape, its last axis halved
-// when `half` (the gated ops); the inputs (x, weight, bias) are plain arrays of dtype dt or None.
+// when `half` (the gated ops); the inputs (x, weight, bias, rope's tables) are plain arrays or None.
 bool out_arg(PyObject* const* a, Py_ssize_t na, Py_ssize_t k, int dt, bool half,
              std::initializer_list<PyObject*> inputs, PyObject*& out) {
     out = Py_None;
@@ -88,11 +88,11 @@ bool out_arg(PyObject* const* a, Py_ssize_t na, Py_ssize_t k, int dt, bool half,
     for (int i = 0; i < po->nd; ++i)
         if (po->dimensions[i] != (i == po->nd - 1 && half ? px->dimensions[i] / 2 : px->dimensions[i])) return false;
     const char* o0 = po->data;
-    const char* o1 = o0 + span(o, dt);
+    const char* o1 = o0 + span(o);
     for (PyObject* in : inputs) {
         if (in == Py_None) continue;
         const char* i0 = proxy(in)->data;
-        if (o0 < i0 + span(in, dt) && i0 < o1) return false;
+        if (o0 < i0 + span(in) && i0 < o1) return false;
     }
     out = o;
     return true;
@@ -218,6 +218,24 @@ PyObject* fast_add_layer_norm(PyObject*, PyObject* const* a, Py_ssize_t na) {
                      [&] { return add_norm(true, B(a[0]), B(a[1]), B(a[2]), B(a[3]), eps, none, none, none); });
 }
 
+// rope: the plain case is float32 (T, n) tables, T = x.shape[-2], as prepare makes them
+// ((T, n/2) tables, leading size-1 dims, other dtypes and float64 x decline: prepare builds
+// the (T, n) float32 tables they stand for); interleaved exactly True or False.
+PyObject* fast_rope(PyObject*, PyObject* const* a, Py_ssize_t na) {
+    int dt;
+    PyObject* out;
+    if (na < 4 || (dt = plain_dt(a[0])) < 0 || proxy(a[0])->nd < 2 || last_dim(a[0]) % 2 ||
+        (a[3] != Py_True && a[3] != Py_False) || !out_arg(a, na, 4, dt, false, {a[0], a[1], a[2]}, out))
+        return declined();
+    auto* px = proxy(a[0]);
+    for (PyObject* t : {a[1], a[2]})
+        if (plain_dt(t) != DT_F32 || proxy(t)->nd != 2 || proxy(t)->dimensions[0] != px->dimensions[px->nd - 2] ||
+            proxy(t)->dimensions[1] != px->dimensions[px->nd - 1])
+            return declined();
+    const py::object none = py::none();
+    return fast_call(FO_ROPE, [&] { return rope(B(a[0]), B(a[1]), B(a[2]), a[3] == Py_True, B(out), none); });
+}
+
 // Every entry first hands torch tensors to torch_entry.cpp (views in, a tensor out).
 template <PyObject* (*F)(PyObject*, PyObject* const*, Py_ssize_t)>
 PyObject* entry(PyObject* self, PyObject* const* a, Py_ssize_t na) {
@@ -239,6 +257,7 @@ PyMethodDef g_fast_defs[] = {
     {"_fast_gelu", TO_FASTCALL(fast_gelu), METH_FASTCALL, TO_DOC("_fast_gelu", "x, approximate, out=None")},
     {"_fast_swiglu", TO_FASTCALL(fast_swiglu), METH_FASTCALL, TO_DOC("_fast_swiglu", "x, out=None")},
     {"_fast_geglu", TO_FASTCALL(fast_geglu), METH_FASTCALL, TO_DOC("_fast_geglu", "x, approximate, out=None")},
+    {"_fast_rope", TO_FASTCALL(fast_rope), METH_FASTCALL, TO_DOC("_fast_rope", "x, cos, sin, interleaved, out=None")},
     {"_fast_add_rms_norm", TO_FASTCALL(fast_add_rms_norm), METH_FASTCALL,
      TO_DOC("_fast_add_rms_norm", "x, residual, weight, eps, out=None")},
     {"_fast_add_layer_norm", TO_FASTCALL(fast_add_layer_norm), METH_FASTCALL,

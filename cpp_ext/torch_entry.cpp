@@ -151,7 +151,8 @@ PyObject* torch_fast(FastEntry f, PyObject* self, PyObject* const* a, Py_ssize_t
     for (; ok && made < na; ++made) {
         PyObject* o = a[made];
         if (Py_TYPE(o) == g_torch_tensor) {
-            views[made] = view_of(o, dt);
+            int own = -1;  // x's dtype is the result's; the rest keep theirs (each entry checks them)
+            views[made] = view_of(o, made == 0 ? dt : own);
             ok = views[made] != nullptr;
         } else if (py::detail::npy_api::get().PyArray_Check_(o)) {
             ok = false;  // NumPy mixed with torch: the Python path names the argument

@@ -186,3 +186,75 @@ def test_fused_add_norm_plain_calls_go_native(C, layer, dt):
     assert C._fast_calls()[op] == n + 3 and got_b[0].dtype == torch.bfloat16
     for g, e in zip(got_b, want_b):
         torch.testing.assert_close(g, e, rtol=0, atol=0)
+
+
+def _rope_case(shape, dt, seed=6):
+    """x and (T, n) float32 cos/sin tables (halves duplicated, the HF layout)."""
+    rng = np.random.default_rng(seed)
+    x = rng.standard_normal(shape).astype(dt)
+    ang = rng.uniform(-4, 4, (shape[-2], shape[-1] // 2))
+    c, s = (np.concatenate([f(ang)] * 2, -1).astype(np.float32) for f in (np.cos, np.sin))
+    return x, c, s
+
+
+@pytest.mark.parametrize("dt", [np.float32, np.float16])
+@pytest.mark.parametrize("shape", [(5, 8), (2, 3, 7, 16), (1, 4, 130)])
+@pytest.mark.parametrize("interleaved", [False, True])
+def test_rope_entry_matches_the_binding_and_the_general_path(C, dt, shape, interleaved):
+    x, c, s = _rope_case(shape, dt)
+    want = C.rope(x, c, s, interleaved)
+    got = C._fast_rope(x, c, s, interleaved)
+    np.testing.assert_array_equal(got, want)
+    np.testing.assert_array_equal(to.rope(x, c, s, interleaved, backend="cpp"), want)
+    to.rope(x, c, s, interleaved)
+    assert _state.fast_out_fns.get("rope") is C._fast_rope
+    n = C._fast_calls()["rope"]
+    np.testing.assert_array_equal(to.rope(x, c, s, interleaved), want)
+    out = np.full_like(x, np.nan)
+    assert to.rope(x, c, s, interleaved, out=out) is out
+    np.testing.assert_array_equal(out, want)
+    assert C._fast_calls()["rope"] == n + 2
+    # half tables (T, n/2) are prepare's to expand: declined, and the general path's answer
+    xh, ch, sh = x, c[:, :shape[-1] // 2], s[:, :shape[-1] // 2]
+    assert C._fast_rope(xh, ch, sh, interleaved) is None
+    if not interleaved:
+        np.testing.assert_array_equal(to.rope(xh, ch, sh, interleaved), want)
+
+
+def test_rope_entry_declines_what_prepare_normalises(C):
+    x, c, s = _rope_case((2, 6, 8), np.float32)
+    for why, args in [("float64 tables", (x, c.astype(np.float64), s, False)),
+                      ("leading 1-dim", (x, c[None], s[None], False)), ("T mismatch", (x, c[:5], s[:5], False)),
+                      ("np.bool_", (x, c, s, np.bool_(False))), ("int interleaved", (x, c, s, 0)),
+                      ("float64 x", (x.astype(np.float64), c, s, False)), ("1-d x", (x[0, 0], c[:1], s[:1], False)),
+                      ("non-contiguous table", (x, c[:, ::-1], s, False)), ("missing interleaved", (x, c, s))]:
+        assert C._fast_rope(*args) is None, why
+    raw = np.zeros((6 + 2 * 6) * 8, np.float32)          # out overlapping the cos table: declined, untouched
+    cc = raw[:48].reshape(6, 8)
+    cc[...] = c
+    out = raw[:96].reshape(2, 6, 8)
+    before = out.copy()
+    assert C._fast_rope(x, cc, s, False, out) is None
+    np.testing.assert_array_equal(out, before)
+    assert to.rope(x, cc, s, False, out=out) is out
+    np.testing.assert_array_equal(out, C.rope(x, c, s, False))
+
+
+def test_rope_entry_takes_torch_tensors_of_any_x_dtype(C):
+    torch = pytest.importorskip("torch")
+    x, c, s = _rope_case((2, 6, 8), np.float32)
+    to.rope(x, c, s)                                    # resolve once: installs the entry
+    for dt in (torch.float32, torch.float16, torch.bfloat16):
+        xt, ct, st = torch.from_numpy(x).to(dt), torch.from_numpy(c), torch.from_numpy(s)
+        want = to.rope(xt, ct, st, backend="cpp")
+        n = C._fast_calls()["rope"]
+        got = to.rope(xt, ct, st)
+        assert got.dtype == dt and C._fast_calls()["rope"] == n + 1
+        torch.testing.assert_close(got, want, rtol=0, atol=0)
+        out = torch.empty_like(xt)
+        assert to.rope(xt, ct, st, out=out) is out
+        torch.testing.assert_close(out, want, rtol=0, atol=0)
+    xf, w16 = torch.randn(2, 8), torch.linspace(0.5, 1.5, 8, dtype=torch.float16)
+    n = C._fast_calls()["rms_norm"]                     # a weight of another dtype: the general path casts it
+    torch.testing.assert_close(to.rms_norm(xf, w16, 1e-6), to.rms_norm(xf, w16.float(), 1e-6), rtol=0, atol=0)
+    assert C._fast_calls()["rms_norm"] == n + 1         # (the second call, with matching dtypes)
