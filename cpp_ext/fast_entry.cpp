@@ -75,7 +75,8 @@ int64_t span(PyObject* o) {  // bytes of a plain (C-contiguous) array
 }
 // The entry's optional trailing out= argument (a[k] when na == k + 1): sets `out` (Py_None when
 // absent or None) and returns false to decline. The result has x's shape, its last axis halved
-// when `half` (the gated ops); the inputs (x, weight, bias, rope's tables) are plain arrays or None.
+// when `half` (the gated ops); the inputs (x, weight, bias, rope's tables) must already have
+// passed their plain checks (they are read as arrays here), or be None.
 bool out_arg(PyObject* const* a, Py_ssize_t na, Py_ssize_t k, int dt, bool half,
              std::initializer_list<PyObject*> inputs, PyObject*& out) {
     out = Py_None;
@@ -225,13 +226,14 @@ PyObject* fast_rope(PyObject*, PyObject* const* a, Py_ssize_t na) {
     int dt;
     PyObject* out;
     if (na < 4 || (dt = plain_dt(a[0])) < 0 || proxy(a[0])->nd < 2 || last_dim(a[0]) % 2 ||
-        (a[3] != Py_True && a[3] != Py_False) || !out_arg(a, na, 4, dt, false, {a[0], a[1], a[2]}, out))
+        (a[3] != Py_True && a[3] != Py_False))
         return declined();
     auto* px = proxy(a[0]);
-    for (PyObject* t : {a[1], a[2]})
+    for (PyObject* t : {a[1], a[2]})  // before out_arg, which reads the inputs as arrays
         if (plain_dt(t) != DT_F32 || proxy(t)->nd != 2 || proxy(t)->dimensions[0] != px->dimensions[px->nd - 2] ||
             proxy(t)->dimensions[1] != px->dimensions[px->nd - 1])
             return declined();
+    if (!out_arg(a, na, 4, dt, false, {a[0], a[1], a[2]}, out)) return declined();
     const py::object none = py::none();
     return fast_call(FO_ROPE, [&] { return rope(B(a[0]), B(a[1]), B(a[2]), a[3] == Py_True, B(out), none); });
 }

@@ -229,6 +229,13 @@ def test_rope_entry_declines_what_prepare_normalises(C):
                       ("float64 x", (x.astype(np.float64), c, s, False)), ("1-d x", (x[0, 0], c[:1], s[:1], False)),
                       ("non-contiguous table", (x, c[:, ::-1], s, False)), ("missing interleaved", (x, c, s))]:
         assert C._fast_rope(*args) is None, why
+        if len(args) == 4:                              # the same with an out: still declined, out untouched
+            out = np.zeros_like(x)
+            assert C._fast_rope(*args, out) is None and not out.any(), why
+    for bad in (c.tolist(), None, 1.0, "cos"):          # not arrays: checked before out is looked at
+        out = np.zeros_like(x)
+        assert C._fast_rope(x, bad, s, False, out) is None and C._fast_rope(x, c, bad, False, out) is None
+        assert not out.any()
     raw = np.zeros((6 + 2 * 6) * 8, np.float32)          # out overlapping the cos table: declined, untouched
     cc = raw[:48].reshape(6, 8)
     cc[...] = c
