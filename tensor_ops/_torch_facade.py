@@ -88,6 +88,11 @@ def to_torch(a):
     return torch.from_numpy(a)
 
 
+def _tensors(r):
+    """A result (an array, or the fused add + norm's pair) as CPU tensors sharing its memory."""
+    return tuple(to_torch(a) for a in r) if type(r) is tuple else to_torch(r)
+
+
 def _check_places(spec, args, out, x, dev: str) -> None:
     """Every other array argument is a torch tensor on x's device (the NumPy path's formula)."""
     names = params(spec)
@@ -181,7 +186,7 @@ def host(spec, args: tuple, out, backend):
         if f is not None:
             r = f(*views)
             if r is not None:
-                return tuple(to_torch(a) for a in r) if type(r) is tuple else to_torch(r)
+                return _tensors(r)
     from ._facade import _general_arrays
     ov: Any
     if type(out) is tuple:
@@ -191,7 +196,7 @@ def host(spec, args: tuple, out, backend):
     r = _general_arrays(spec, views, ov, backend, "torch-cpu")
     if out is not None:
         return out
-    return tuple(to_torch(a) for a in r) if type(r) is tuple else to_torch(r)
+    return _tensors(r)
 
 
 def served_device(dev: str) -> bool:
