@@ -4,6 +4,7 @@ benchmark engine (``tensor_ops/_bench.py``: its cases, baselines, timer, statist
     python benchmarks/bench_torch.py                 # 8192x4096 fp32 + bf16: forward, forward+backward, small call
     python benchmarks/bench_torch.py --quick         # 1024x4096, fewer rounds (smoke test)
     python benchmarks/bench_torch.py --json out.json
+    python benchmarks/bench_torch.py --small         # the small-call table alone (call overheads)
 
 Three tables, every ratio the median of per-round ratios of rows timed in the same rounds:
 
@@ -14,7 +15,9 @@ Three tables, every ratio the median of per-round ratios of rows timed in the sa
 2. **forward + backward**: rms_norm and swiglu on tensors that require grad, ``y.backward(g)``
    through tensor_ops' torch ops vs the same in torch eager;
 3. **small call**: (1, 4096) fp32 rms_norm through the facade on a torch tensor, on a NumPy
-   array, and ``torch.nn.functional.rms_norm``, in blocks of calls.
+   array, and ``torch.nn.functional.rms_norm``, in blocks of calls; off the native entry, the
+   general path (``backend="cpp"``), the autograd forward (a Parameter weight) and forward +
+   backward against ``F.rms_norm``'s.
 """
 from __future__ import annotations
 
@@ -100,15 +103,34 @@ def small_call(rounds: int, calls: int) -> dict:
     case = on_torch(bench_case("rms_norm", "float32", 1), device="cpu")
     x, w = case.x, case.args[0]
     xn, wn = x.numpy(), w.numpy()
+    xg, p = x.clone().requires_grad_(), torch.nn.Parameter(w.clone())
     to.rms_norm(x, w, 1e-6)                     # the first torch call hands torch to the native entries
     fns = {"torch_tensor": lambda: to.rms_norm(x, w, 1e-6), "numpy_array": lambda: to.rms_norm(xn, wn, 1e-6),
-           "F.rms_norm": lambda: F.rms_norm(x, (4096,), w, 1e-6)}
+           "F.rms_norm": lambda: F.rms_norm(x, (4096,), w, 1e-6),
+           # off the native entry: backend= forces the general path (strided tensors, HF rope tables,
+           # out= pairs take it too), and a Parameter weight with grad on takes autograd
+           "general_path": lambda: to.rms_norm(x, w, 1e-6, backend="cpp"),
+           "autograd_fwd": lambda: to.rms_norm(x, p, 1e-6),
+           "autograd_fwd_bwd": lambda: to.rms_norm(xg, p, 1e-6).sum().backward(),
+           "F.rms_norm_fwd_bwd": lambda: F.rms_norm(xg, (4096,), p, 1e-6).sum().backward()}
     t = _bench.time_rounds(fns, 0, rounds, calls=calls)
     st = _bench.stats(t, 1)
     us = {k: st[k]["median_s"] * 1e6 for k in fns}
     diffs = sorted(a - b for a, b in zip(t["torch_tensor"].samples, t["numpy_array"].samples))
     return {"shape": "1x4096", "dtype": "float32", "us": us, "torch_minus_numpy_us": diffs[len(diffs) // 2] * 1e6,
-            "x_vs_F_rms_norm": st["torch_tensor"]["vs"]["F.rms_norm"]}
+            "x_vs_F_rms_norm": st["torch_tensor"]["vs"]["F.rms_norm"],
+            "fwd_bwd_x_vs_F": st["autograd_fwd_bwd"]["vs"]["F.rms_norm_fwd_bwd"]}
+
+
+def _print_small(s: dict) -> None:
+    u = s["us"]
+    print(f"\nsmall call rms_norm (1, 4096) fp32, medians of blocks of 200 calls: torch tensor "
+          f"{u['torch_tensor']:.2f} us, NumPy array {u['numpy_array']:.2f} us, F.rms_norm "
+          f"{u['F.rms_norm']:.2f} us; torch - NumPy {s['torch_minus_numpy_us']:.2f} us; "
+          f"x F.rms_norm {s['x_vs_F_rms_norm']:.2f}")
+    print(f"off the entry: general path (backend='cpp') {u['general_path']:.1f} us; autograd forward (Parameter "
+          f"weight) {u['autograd_fwd']:.1f} us; forward + backward {u['autograd_fwd_bwd']:.1f} us against "
+          f"F.rms_norm's {u['F.rms_norm_fwd_bwd']:.1f} us (x {s['fwd_bwd_x_vs_F']:.2f})")
 
 
 def _f(v, fmt="{:.2f}"):
@@ -121,8 +143,13 @@ def main(argv=None) -> int:
     p.add_argument("--rows", type=int, default=8192)
     p.add_argument("--rounds", type=int, default=7)
     p.add_argument("--json", help="write the results here")
+    p.add_argument("--small", action="store_true", help="only the small-call table (call overheads)")
     a = p.parse_args(argv)
     rows, rounds = (1024, 3) if a.quick else (a.rows, a.rounds)
+    if a.small:
+        res = {"small_call": small_call(max(rounds, 15), 200)}
+        _print_small(res["small_call"])
+        return 0
     res = {"forward": forward(rows, rounds), "forward_backward": forward_backward(rows, max(3, rounds // 2)),
            "small_call": small_call(max(rounds, 15), 200), "torch": torch.__version__,
            "cpp": to.get_cpp_info().get("selected_isa")}
@@ -137,11 +164,7 @@ def main(argv=None) -> int:
     print(f"{'op':<11} {'dtype':<9} {'ms':>8} {'eager ms':>9} {'x eager':>8}")
     for r in res["forward_backward"]:
         print(f"{r['op']:<11} {r['dtype']:<9} {_f(r['ms']):>8} {_f(r['eager_ms']):>9} {_f(r['x_eager']):>8}")
-    s = res["small_call"]
-    print(f"\nsmall call rms_norm (1, 4096) fp32, medians of blocks of 200 calls: torch tensor "
-          f"{s['us']['torch_tensor']:.2f} us, NumPy array {s['us']['numpy_array']:.2f} us, F.rms_norm "
-          f"{s['us']['F.rms_norm']:.2f} us; torch - NumPy {s['torch_minus_numpy_us']:.2f} us; "
-          f"x F.rms_norm {s['x_vs_F_rms_norm']:.2f}")
+    _print_small(res["small_call"])
     if a.json:
         with open(a.json, "w") as f:
             json.dump(res, f, indent=1)

@@ -25,7 +25,7 @@ namespace {
 
 PyObject* g_dt[DT_COUNT] = {nullptr, nullptr, nullptr};  // torch.float32, float16, bfloat16
 PyObject* g_from_numpy = nullptr;
-PyObject *s_requires_grad, *s_is_cpu, *s_dtype, *s_shape, *s_stride, *s_data_ptr, *s_view;
+PyObject *s_requires_grad, *s_is_cpu, *s_dtype, *s_shape, *s_stride, *s_data_ptr, *s_view, *s_is_neg;
 
 PyObject* declined() { Py_RETURN_NONE; }
 
@@ -37,12 +37,22 @@ bool attr_is_true(PyObject* t, PyObject* name, bool& value) {
     return true;
 }
 
+// Whether t's negative bit is set (or cannot be read): its memory holds -value (`z.conj().imag`,
+// torch._neg_view), so a view of its memory is not a view of its values.
+bool negative(PyObject* t) {
+    PyObject* neg = PyObject_CallMethodNoArgs(t, s_is_neg);
+    if (!neg) return true;
+    Py_DECREF(neg);
+    return neg != Py_False;
+}
+
 // A NumPy view of a plain CPU tensor (new reference), or nullptr (an error is never left set).
 // dt: -1 to take the tensor's dtype, else the dtype it must have.
 PyObject* view_of(PyObject* t, int& dt) {
     auto& api = py::detail::npy_api::get();
     bool flag = false;
-    if (!attr_is_true(t, s_requires_grad, flag) || flag || !attr_is_true(t, s_is_cpu, flag) || !flag) {
+    if (!attr_is_true(t, s_requires_grad, flag) || flag || !attr_is_true(t, s_is_cpu, flag) || !flag ||
+        negative(t)) {
         PyErr_Clear();
         return nullptr;
     }
@@ -137,6 +147,7 @@ void set_torch(const py::object& tensor, const py::object& f32, const py::object
     s_stride = PyUnicode_InternFromString("stride");
     s_data_ptr = PyUnicode_InternFromString("data_ptr");
     s_view = PyUnicode_InternFromString("view");
+    s_is_neg = PyUnicode_InternFromString("is_neg");
     g_torch_tensor = (PyTypeObject*)keep(tensor);  // last: the entries look at it first
 }
 
@@ -188,8 +199,102 @@ PyObject* torch_fast(FastEntry f, PyObject* self, PyObject* const* a, Py_ssize_t
     return t;
 }
 
+namespace {
+
+// _torch_views(*args): the torch facade's general path (tensor_ops/_torch_facade.py host())
+// on NumPy views made here instead of by `t.numpy()` (~2 us each in torch 2.13, three per
+// call). Each CPU tensor of float32/float16/bfloat16 with at least one element becomes a
+// NumPy view of its memory with its strides (any layout) whose base is the tensor (the view
+// keeps it alive); None, bool, int, float and str pass through. Anything else -- a tensor on
+// another device, of another dtype, with its negative bit set (its memory is not its value),
+// empty, a NumPy or other array mixed in -- makes the whole call return None: the Python
+// path then names the argument and converts it. requires_grad is not looked at: the caller
+// reaches this only when autograd does not record the call.
+PyObject* view_any(PyObject* t) {
+    auto& api = py::detail::npy_api::get();
+    bool flag = false;
+    if (!attr_is_true(t, s_is_cpu, flag) || !flag || negative(t)) return nullptr;
+    PyObject* d = PyObject_GetAttr(t, s_dtype);
+    if (!d) return nullptr;
+    int tdt = -1;
+    for (int i = 0; i < DT_COUNT; ++i)
+        if (d == g_dt[i]) tdt = i;
+    Py_DECREF(d);
+    if (tdt < 0 || (tdt == DT_BF16 && !g_bf16_descr)) return nullptr;
+    PyObject* shape = PyObject_GetAttr(t, s_shape);
+    PyObject* stride = shape ? PyObject_CallMethodNoArgs(t, s_stride) : nullptr;
+    PyObject* ptr = stride ? PyObject_CallMethodNoArgs(t, s_data_ptr) : nullptr;
+    PyObject* out = nullptr;
+    if (ptr && PyTuple_Check(shape) && PyTuple_Check(stride) && PyTuple_GET_SIZE(shape) == PyTuple_GET_SIZE(stride)) {
+        const Py_ssize_t nd = PyTuple_GET_SIZE(shape);
+        Py_intptr_t dims[32], strides[32];
+        bool ok = nd <= 32;
+        for (Py_ssize_t i = 0; ok && i < nd; ++i) {
+            const long long n = PyLong_AsLongLong(PyTuple_GET_ITEM(shape, i));
+            const long long s = PyLong_AsLongLong(PyTuple_GET_ITEM(stride, i));
+            ok = n > 0 && s >= 0 && s < (1LL << 48);
+            dims[i] = (Py_intptr_t)n;
+            strides[i] = (Py_intptr_t)(s * ELSIZE[tdt]);
+        }
+        void* p = PyLong_AsVoidPtr(ptr);
+        if (ok && p && !PyErr_Occurred()) {
+            PyObject* descr = tdt == DT_F32   ? api.PyArray_DescrFromType_(NPY_FLOAT_)
+                              : tdt == DT_F16 ? api.PyArray_DescrFromType_(NPY_HALF_)
+                                              : (Py_INCREF(g_bf16_descr), g_bf16_descr);
+            // given strides, NumPy derives the contiguity and alignment flags itself
+            out = descr ? api.PyArray_NewFromDescr_(api.PyArray_Type_, descr, (int)nd, dims, strides, p,
+                                                    py::detail::npy_api::NPY_ARRAY_WRITEABLE_, nullptr)
+                        : nullptr;
+            if (out) {
+                Py_INCREF(t);
+                if (api.PyArray_SetBaseObject_(out, t) < 0) {  // steals t's reference even on failure
+                    Py_CLEAR(out);
+                }
+            }
+        }
+    }
+    Py_XDECREF(shape);
+    Py_XDECREF(stride);
+    Py_XDECREF(ptr);
+    return out;
+}
+
+PyObject* torch_views(PyObject*, PyObject* const* a, Py_ssize_t na) {
+    if (!g_torch_tensor) Py_RETURN_NONE;
+    PyObject* r = PyTuple_New(na);
+    if (!r) return nullptr;
+    for (Py_ssize_t i = 0; i < na; ++i) {
+        PyObject* o = a[i];
+        PyObject* v = nullptr;
+        if (PyObject_TypeCheck(o, g_torch_tensor)) {
+            v = view_any(o);
+        } else if (o == Py_None || PyBool_Check(o) || PyLong_CheckExact(o) || PyFloat_CheckExact(o) ||
+                   PyUnicode_CheckExact(o)) {
+            Py_INCREF(o);
+            v = o;
+        }
+        if (!v) {
+            PyErr_Clear();
+            Py_DECREF(r);
+            Py_RETURN_NONE;
+        }
+        PyTuple_SET_ITEM(r, i, v);
+    }
+    return r;
+}
+
+PyMethodDef g_views_def = {"_torch_views", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)(void)>(&torch_views)),
+                           METH_FASTCALL,
+                           "_torch_views(*args)\n--\n\nargs with each torch CPU tensor as a NumPy view of it, or None "
+                           "(see torch_entry.cpp)"};
+
+}  // namespace
+
 void register_torch(py::module_& m) {
     using namespace pybind11::literals;
+    PyObject* f = PyCFunction_NewEx(&g_views_def, nullptr, m.attr("__name__").ptr());
+    if (!f) throw py::error_already_set();
+    m.add_object("_torch_views", py::reinterpret_steal<py::object>(f));
     m.def("_set_torch", &set_torch, "tensor"_a, "float32"_a, "float16"_a, "bfloat16"_a, "from_numpy"_a,
           "numpy_bfloat16"_a = py::none(),
           "Let the plain-call entries take torch CPU tensors (tensor_ops/_torch_facade.py calls it once).");

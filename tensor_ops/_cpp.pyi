@@ -211,6 +211,8 @@ def _fast_add_layer_norm(x: _Arr, residual: _Arr, weight: _Arr, bias: Optional[_
 def _set_torch(tensor: type, float32: object, float16: object, bfloat16: object, from_numpy: object,
                numpy_bfloat16: object = None) -> None:
     """Let the _fast_* entries take torch CPU tensors (views in, torch.from_numpy out)."""
+def _torch_views(*args: object) -> Optional[tuple]:
+    """args with each torch CPU tensor as a NumPy view of it (None when one cannot be viewed)."""
 def _fast_calls() -> dict[str, int]:
     """Calls each entry served (get_backend_info() adds them to default.cpp's counts)."""
 def _exp(x: _Arr, out: Optional[_Arr] = None, *, dtype: _BF16 = None) -> _Arr:

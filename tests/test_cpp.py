@@ -1057,6 +1057,8 @@ def _params(fn) -> list:
     out = [("posonly", p.arg) for p in a.posonlyargs] + [("pos", p.arg) for p in a.args]
     defaults = ["-"] * (len(out) - len(a.defaults)) + [ast.literal_eval(d) for d in a.defaults]
     out = [(k, n, d) for (k, n), d in zip(out, defaults)]
+    if a.vararg is not None:
+        out.append(("var", a.vararg.arg, "-"))
     out += [("kwonly", p.arg, "-" if d is None else ast.literal_eval(d)) for p, d in zip(a.kwonlyargs, a.kw_defaults)]
     return out
 
@@ -1070,7 +1072,7 @@ def test_stub_signatures_match_the_bindings(C):
     with open(os.path.join(ROOT, "tensor_ops", "_cpp.pyi")) as f:
         stub = {n.name: n for n in ast.parse(f.read()).body if isinstance(n, ast.FunctionDef)}
     kinds = {inspect.Parameter.POSITIONAL_ONLY: "posonly", inspect.Parameter.POSITIONAL_OR_KEYWORD: "pos",
-             inspect.Parameter.KEYWORD_ONLY: "kwonly"}
+             inspect.Parameter.KEYWORD_ONLY: "kwonly", inspect.Parameter.VAR_POSITIONAL: "var"}
     checked = 0
     for name in sorted(n for n in dir(C) if not n.startswith("__") and callable(getattr(C, n))):
         f = getattr(C, name)

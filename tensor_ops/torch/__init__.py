@@ -89,9 +89,11 @@ def _call(name: str, *args, backend=None):
     """``torch.ops.tensor_ops.<name>`` when autograd or torch.compile needs it, else the
     facade directly (eager inference skips the op dispatcher)."""
     import torch
-    if torch.compiler.is_compiling() or (torch.is_grad_enabled() and any(
-            isinstance(a, torch.Tensor) and a.requires_grad for a in args)):
+    if torch.compiler.is_compiling():
         return getattr(torch.ops.tensor_ops, name)(*args, backend=backend)
+    if torch.is_grad_enabled() and any(isinstance(a, torch.Tensor) and a.requires_grad for a in args):
+        from . import _eager
+        return _eager.call(name, args, backend)
     from . import _kernels
     if name in ("silu_mul", "gelu_mul"):
         from . import _library

@@ -25,6 +25,8 @@ from . import _kernels as K
 NS = "tensor_ops"
 _LIB = torch.library.Library(NS, "FRAGMENT")   # the composite ops (custom_op keeps its own)
 OPS: dict = {}                                   # name -> the custom op (OpOverload wrapper)
+IMPLS: dict = {}                                 # name -> its Python body (what the custom op runs)
+AUTOGRAD: dict = {}                              # name -> (setup_context, backward) as registered
 
 
 def _op(name: str, schema: str, fake):
@@ -33,8 +35,15 @@ def _op(name: str, schema: str, fake):
         op = torch.library.custom_op(f"{NS}::{name}", impl, mutates_args=(), schema=schema)
         op.register_fake(fake)
         OPS[name] = op
+        IMPLS[name] = impl
         return op
     return deco
+
+
+def _bwd(ctx, name: str):
+    """The op a backward calls: the custom op (a compiled backward graph holds it as a node), or
+    its Python body when ``ctx`` is an eager Function's (:mod:`._eager`: no dispatcher)."""
+    return IMPLS[name] if getattr(ctx, "eager", False) else OPS[name]
 
 
 def _like(x, shape=None, dtype=None):
@@ -78,7 +87,7 @@ def _rms_backward(ctx, dy, _drs):
     if dy is None:
         return None, None, None, None
     x, weight, rs = ctx.saved_tensors
-    dx, dw = OPS["rms_norm_bwd"](dy, x, rs, weight)
+    dx, dw = _bwd(ctx, "rms_norm_bwd")(dy, x, rs, weight)
     return dx, dw, None, None
 
 
@@ -107,7 +116,7 @@ def _ln_backward(ctx, dy, _dmu, _drs):
     if dy is None:
         return None, None, None, None, None
     x, weight, mu, rs = ctx.saved_tensors
-    dx, dw, db = OPS["layer_norm_bwd"](dy, x, mu, rs, weight)
+    dx, dw, db = _bwd(ctx, "layer_norm_bwd")(dy, x, mu, rs, weight)
     return dx, dw, (db if ctx.has_bias else None), None, None
 
 
@@ -115,12 +124,12 @@ def _cast(t, x):
     return t if t is None or t.dtype == x.dtype else t.to(x.dtype)
 
 
-def rms_norm(x: Tensor, weight: Tensor, eps: float = 1e-6, backend=None) -> Tensor:
-    return OPS["rms_norm_fwd"](x, _cast(weight, x), eps, backend)[0]
+def rms_norm(x: Tensor, weight: Tensor, eps: float = 1e-6, backend=None, _fwd=OPS.__getitem__) -> Tensor:
+    return _fwd("rms_norm_fwd")(x, _cast(weight, x), eps, backend)[0]
 
 
-def layer_norm(x: Tensor, weight: Tensor, bias=None, eps: float = 1e-5, backend=None) -> Tensor:
-    return OPS["layer_norm_fwd"](x, _cast(weight, x), _cast(bias, x), eps, backend)[0]
+def layer_norm(x: Tensor, weight: Tensor, bias=None, eps: float = 1e-5, backend=None, _fwd=OPS.__getitem__) -> Tensor:
+    return _fwd("layer_norm_fwd")(x, _cast(weight, x), _cast(bias, x), eps, backend)[0]
 
 
 # The fused residual add + norm: the forward is the fused kernel (through the facade); the
@@ -156,21 +165,22 @@ def _add_backward(ctx, dy, ds):
     if dy is not None:
         if ctx.layer:
             mu, rs = K.ln_stats(s, ctx.eps)
-            dn, dw, db = OPS["layer_norm_bwd"](dy, s, mu, rs, weight)
+            dn, dw, db = _bwd(ctx, "layer_norm_bwd")(dy, s, mu, rs, weight)
         else:
-            dn, dw = OPS["rms_norm_bwd"](dy, s, K.rms_stats(s, ctx.eps), weight)
+            dn, dw = _bwd(ctx, "rms_norm_bwd")(dy, s, K.rms_stats(s, ctx.eps), weight)
         dx = dn if ds is None else dn + ds
     if ctx.layer:
         return dx, dx, dw, (db if ctx.has_bias else None), None, None
     return dx, dx, dw, None, None
 
 
-def add_rms_norm(x: Tensor, residual: Tensor, weight: Tensor, eps: float = 1e-6, backend=None):
-    return OPS["add_rms_norm_fwd"](x, _cast(residual, x), _cast(weight, x), eps, backend)
+def add_rms_norm(x: Tensor, residual: Tensor, weight: Tensor, eps: float = 1e-6, backend=None, _fwd=OPS.__getitem__):
+    return _fwd("add_rms_norm_fwd")(x, _cast(residual, x), _cast(weight, x), eps, backend)
 
 
-def add_layer_norm(x: Tensor, residual: Tensor, weight: Tensor, bias=None, eps: float = 1e-5, backend=None):
-    return OPS["add_layer_norm_fwd"](x, _cast(residual, x), _cast(weight, x), _cast(bias, x), eps, backend)
+def add_layer_norm(x: Tensor, residual: Tensor, weight: Tensor, bias=None, eps: float = 1e-5, backend=None,
+                   _fwd=OPS.__getitem__):
+    return _fwd("add_layer_norm_fwd")(x, _cast(residual, x), _cast(weight, x), _cast(bias, x), eps, backend)
 
 
 # ----------------------------------------------------------------- softmax
@@ -192,7 +202,7 @@ def _softmax_setup(ctx, inputs, output):
 
 def _softmax_backward(ctx, dy):
     (y,) = ctx.saved_tensors
-    return OPS["softmax_bwd"](dy, y, ctx.axis), None, None
+    return _bwd(ctx, "softmax_bwd")(dy, y, ctx.axis), None, None
 
 
 # ----------------------------------------------------------------- activations
@@ -227,7 +237,7 @@ def _unary_backward(act):
     def backward(ctx, dy):
         (x,) = ctx.saved_tensors
         n_extra = 1 if act is None else 2
-        return (OPS["act_bwd"](dy, x, ctx.act or act),) + (None,) * n_extra
+        return (_bwd(ctx, "act_bwd")(dy, x, ctx.act or act),) + (None,) * n_extra
     return backward
 
 
@@ -250,7 +260,7 @@ def _glu_bwd(dy, x, act):
 def _gated_backward(act):
     def backward(ctx, dy):
         (x,) = ctx.saved_tensors
-        return (OPS["glu_bwd"](dy, x, ctx.act or act),) + (None,) * (1 if act == "silu" else 2)
+        return (_bwd(ctx, "glu_bwd")(dy, x, ctx.act or act),) + (None,) * (1 if act == "silu" else 2)
     return backward
 
 
@@ -298,7 +308,7 @@ def _pair_setup(ctx, inputs, output):
 
 def _pair_backward(ctx, dy):
     a, b = ctx.saved_tensors
-    da, db = OPS["glu2_bwd"](dy, a, b, ctx.act)
+    da, db = _bwd(ctx, "glu2_bwd")(dy, a, b, ctx.act)
     return (da, db) + (None,) * ctx.n_extra
 
 
@@ -329,7 +339,7 @@ def _rope_backward(ctx, dy):
             h = s.shape[-1] // 2
             s = (s.unflatten(-1, (h, 2)).flip(-1).flatten(-2) if ctx.interleaved
                  else torch.cat([s[..., h:], s[..., :h]], -1))
-        dx = OPS["rope"](dy.contiguous(), cos, torch.neg(s), ctx.interleaved, ctx.backend)
+        dx = _bwd(ctx, "rope")(dy.contiguous(), cos, torch.neg(s), ctx.interleaved, ctx.backend)
     dc = ds = None
     if x is not None:
         dc, ds = K.rope_table_grads(dy, x, cos, sin, ctx.interleaved)
@@ -372,20 +382,27 @@ def _mm_backward(ctx, dy):
 
 # ----------------------------------------------------------------- registration
 
-OPS["rms_norm_fwd"].register_autograd(_rms_backward, setup_context=_rms_setup)
-OPS["layer_norm_fwd"].register_autograd(_ln_backward, setup_context=_ln_setup)
-OPS["add_rms_norm_fwd"].register_autograd(_add_backward, setup_context=_add_setup)
-OPS["add_layer_norm_fwd"].register_autograd(_add_backward, setup_context=_add_setup)
-OPS["softmax"].register_autograd(_softmax_backward, setup_context=_softmax_setup)
-OPS["silu"].register_autograd(_unary_backward("silu"), setup_context=_save_x)
-OPS["relu"].register_autograd(_unary_backward("relu"), setup_context=_save_x)
-OPS["gelu"].register_autograd(_unary_backward(None), setup_context=_save_x)
-OPS["swiglu"].register_autograd(_gated_backward("silu"), setup_context=_save_x)
-OPS["geglu"].register_autograd(_gated_backward(None), setup_context=_save_x)
-OPS["silu_mul"].register_autograd(_pair_backward, setup_context=_pair_setup)
-OPS["gelu_mul"].register_autograd(_pair_backward, setup_context=_pair_setup)
-OPS["rope"].register_autograd(_rope_backward, setup_context=_rope_setup)
-OPS["matmul"].register_autograd(_mm_backward, setup_context=_mm_setup)
+def _autograd(name: str, backward, setup) -> None:
+    """``OPS[name].register_autograd``, and the pair kept for :mod:`._eager` (the same formulas
+    as an ``autograd.Function`` for eager calls)."""
+    OPS[name].register_autograd(backward, setup_context=setup)
+    AUTOGRAD[name] = (setup, backward)
+
+
+_autograd("rms_norm_fwd", _rms_backward, _rms_setup)
+_autograd("layer_norm_fwd", _ln_backward, _ln_setup)
+_autograd("add_rms_norm_fwd", _add_backward, _add_setup)
+_autograd("add_layer_norm_fwd", _add_backward, _add_setup)
+_autograd("softmax", _softmax_backward, _softmax_setup)
+_autograd("silu", _unary_backward("silu"), _save_x)
+_autograd("relu", _unary_backward("relu"), _save_x)
+_autograd("gelu", _unary_backward(None), _save_x)
+_autograd("swiglu", _gated_backward("silu"), _save_x)
+_autograd("geglu", _gated_backward(None), _save_x)
+_autograd("silu_mul", _pair_backward, _pair_setup)
+_autograd("gelu_mul", _pair_backward, _pair_setup)
+_autograd("rope", _rope_backward, _rope_setup)
+_autograd("matmul", _mm_backward, _mm_setup)
 
 _LIB.define("rms_norm(Tensor x, Tensor weight, float eps=1e-06, str? backend=None) -> Tensor")
 _LIB.impl("rms_norm", rms_norm, "CompositeImplicitAutograd")
@@ -406,9 +423,13 @@ _SCALARS = {"rms_norm": (None, None, float), "layer_norm": (None, None, None, fl
             "gelu": (None, str), "geglu": (None, str), "rope": (None, None, None, bool)}
 
 
+def schema_args(op: str, args: tuple) -> tuple:
+    """A facade call's arguments with its scalars converted as the op's schema types them."""
+    conv = _SCALARS.get(op)
+    return args if conv is None else tuple(a if c is None else c(a) for a, c in zip(args, conv))
+
+
 def autograd_call(op: str, args: tuple, backend=None):
     """The facade call ``op(*args)`` through its torch op (validated by the facade already)."""
-    conv = _SCALARS.get(op)
-    if conv is not None:
-        args = tuple(a if c is None else c(a) for a, c in zip(args, conv))
-    return FACADE[op](*args, backend=backend)
+    return FACADE[op](*schema_args(op, args), backend=backend)
+
