@@ -14,6 +14,7 @@ import pytest
 torch = pytest.importorskip("torch", reason="torch not installed: the transformers suite skips")
 transformers = pytest.importorskip("transformers", reason="transformers not installed (the [transformers] extra)")
 
+import tensor_ops as to  # noqa: E402
 import tensor_ops.nn as tnn  # noqa: E402
 from tensor_ops.integrations import transformers as to_hf  # noqa: E402
 from tests.conftest import BACKENDS, backend_impl  # noqa: E402
@@ -139,6 +140,33 @@ def test_rope_with_per_sequence_positions():
     with torch.no_grad():
         torch.testing.assert_close(m(ids, position_ids=pos).logits, ref_model(ids, position_ids=pos).logits,
                                    rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
+def test_16bit_rope_tables_are_converted_once_and_exactly(dtype):
+    """A 16-bit model's position embeddings: converted to float32 once per forward (so rope
+    takes its native entry), with the same result as the 16-bit tables' general path."""
+    from tensor_ops.backends import cpp
+    g = torch.Generator().manual_seed(5)
+    q, k = torch.randn(1, 4, 3, 16, generator=g).to(dtype), torch.randn(1, 2, 3, 16, generator=g).to(dtype)
+    ang = torch.rand(1, 3, 16, generator=g) * 6
+    cos, sin = ang.cos().to(dtype), ang.sin().to(dtype)
+    to_hf._LAST_TABLES[0] = None
+    with torch.no_grad():
+        want = (to.rope(q, cos[0], sin[0], backend="numpy"), to.rope(k, cos[0], sin[0], backend="numpy"))
+        got = to_hf.apply_rotary_pos_emb(q, k, cos, sin)
+        assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
+        c32 = to_hf._LAST_TABLES[0][1][0]
+        assert c32.dtype == torch.float32 and torch.equal(c32, cos.float())
+        to_hf.apply_rotary_pos_emb(q, k, cos, sin)
+        assert to_hf._LAST_TABLES[0][1][0] is c32                  # the same tensors: not converted again
+        if cpp.availability()[0]:
+            before = cpp.native()._fast_calls()["rope"]
+            to_hf.apply_rotary_pos_emb(q, k, cos, sin)
+            assert cpp.native()._fast_calls()["rope"] - before == 2   # both calls on the native entry
+        cos.mul_(-1)                                                # changed in place: converted again
+        got = to_hf.apply_rotary_pos_emb(q, k, cos, sin)
+        assert torch.equal(got[0], to.rope(q, cos[0], sin[0], backend="numpy"))
 
 
 def test_identify_act_and_bad_model():

@@ -276,9 +276,33 @@ def apply_rotary_pos_emb(q, k, cos, sin, unsqueeze_dim=1, *, original=None, back
             raise ValueError(f"unsupported rope layout: q {tuple(q.shape)}, cos {tuple(cos.shape)}, "
                              f"unsqueeze_dim={unsqueeze_dim}")
         return original(q, k, cos, sin, unsqueeze_dim)
+    cos, sin = _float32_tables(cos, sin)
     if cos.shape[0] == 1:
         return (_tot.rope(q, cos[0], sin[0], backend=backend), _tot.rope(k, cos[0], sin[0], backend=backend))
     # positions differ per sequence: one call per sequence (each (H, T, D) with its own table)
     qs = [_tot.rope(q[i], cos[i], sin[i], backend=backend) for i in range(q.shape[0])]
     ks = [_tot.rope(k[i], cos[i], sin[i], backend=backend) for i in range(k.shape[0])]
     return torch.stack(qs), torch.stack(ks)
+
+
+_LAST_TABLES: list = [None]   # ((cos, sin, their versions), (cos32, sin32)): the last pair converted
+
+
+def _float32_tables(cos, sin):
+    """16-bit CPU tables as float32, converted once per model forward.
+
+    rope's native entry takes float32 tables only (the kernel computes in fp32); a bf16/fp16
+    model's position embeddings arrive in its dtype, so each layer's two rope calls took the
+    general path, which converts them exactly so (``_ops/rope.py _angles``) at ~25 µs a call.
+    Every layer of one forward gets the same two tensors (the model computes them once), so
+    the last pair's conversion is kept (by identity and version counter). Tables that require
+    grad or live elsewhere are left as they are."""
+    if cos.dtype == torch.float32 or not cos.is_cpu or cos.requires_grad or sin.requires_grad:
+        return cos, sin
+    key = (cos, sin, cos._version, sin._version)
+    last = _LAST_TABLES[0]
+    if last is not None and last[0][0] is cos and last[0][1] is sin and last[0][2:] == key[2:]:
+        return last[1]
+    pair = (cos.to(torch.float32), sin.to(torch.float32))
+    _LAST_TABLES[0] = (key, pair)
+    return pair
