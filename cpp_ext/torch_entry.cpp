@@ -9,7 +9,9 @@
 // torch.from_numpy. No libtorch is linked: tensor_ops/_torch_facade.py hands the module the
 // torch objects it compares with (_set_torch) the first time a tensor reaches the facade.
 //
-// Anything that is not plain (requires_grad -- autograd must record the call --, not CPU,
+// Tensor arguments may be torch.Tensor or nn.Parameter (exactly those types: a module's weight).
+// Anything that is not plain (requires_grad while grad mode is on -- autograd must record the
+// call; under torch.no_grad() a Parameter is plain --, not CPU,
 // not C-contiguous, not aligned, empty, a dtype other than float32/float16/bfloat16, mixed
 // with NumPy arrays, weights of another dtype) returns None: the Python path (the same
 // validation and messages as NumPy input) takes it. An out= tensor is viewed like the others;
@@ -24,6 +26,8 @@ PyTypeObject* g_torch_tensor = nullptr;
 namespace {
 
 PyObject* g_dt[DT_COUNT] = {nullptr, nullptr, nullptr};  // torch.float32, float16, bfloat16
+PyTypeObject* g_parameter = nullptr;                      // torch.nn.Parameter (optional)
+PyObject* g_grad_enabled = nullptr;                       // torch.is_grad_enabled (optional)
 PyObject* g_from_numpy = nullptr;
 PyObject *s_requires_grad, *s_is_cpu, *s_dtype, *s_shape, *s_stride, *s_data_ptr, *s_view, *s_is_neg;
 
@@ -46,13 +50,30 @@ bool negative(PyObject* t) {
     return neg != Py_False;
 }
 
+bool is_tensor(PyObject* o) {
+    const PyTypeObject* t = Py_TYPE(o);
+    return t == g_torch_tensor || (g_parameter && t == g_parameter);
+}
+
+// Whether a tensor that requires grad may be viewed: only with grad mode off (asked once per
+// call: grad is -1 until then, then 0 or 1; without torch.is_grad_enabled, never).
+bool grad_off(int& grad) {
+    if (grad < 0) {
+        PyObject* on = g_grad_enabled ? PyObject_CallNoArgs(g_grad_enabled) : nullptr;
+        grad = on == Py_False ? 0 : 1;
+        Py_XDECREF(on);
+        PyErr_Clear();
+    }
+    return grad == 0;
+}
+
 // A NumPy view of a plain CPU tensor (new reference), or nullptr (an error is never left set).
 // dt: -1 to take the tensor's dtype, else the dtype it must have.
-PyObject* view_of(PyObject* t, int& dt) {
+PyObject* view_of(PyObject* t, int& dt, int& grad) {
     auto& api = py::detail::npy_api::get();
     bool flag = false;
-    if (!attr_is_true(t, s_requires_grad, flag) || flag || !attr_is_true(t, s_is_cpu, flag) || !flag ||
-        negative(t)) {
+    if (!attr_is_true(t, s_requires_grad, flag) || (flag && !grad_off(grad)) || !attr_is_true(t, s_is_cpu, flag) ||
+        !flag || negative(t)) {
         PyErr_Clear();
         return nullptr;
     }
@@ -126,8 +147,11 @@ PyObject* as_tensor(PyObject* r, int dt) {
 }
 
 void set_torch(const py::object& tensor, const py::object& f32, const py::object& f16, const py::object& bf16,
-               const py::object& from_numpy, const py::object& numpy_bf16) {
+               const py::object& from_numpy, const py::object& numpy_bf16, const py::object& parameter,
+               const py::object& is_grad_enabled) {
     if (!PyType_Check(tensor.ptr())) throw py::type_error("tensor must be torch.Tensor (a type)");
+    if (!parameter.is_none() && !PyType_Check(parameter.ptr()))
+        throw py::type_error("parameter must be torch.nn.Parameter (a type) or None");
     if (!numpy_bf16.is_none() && !g_bf16_descr) {  // ml_dtypes' bfloat16, as checks.cpp would record it
         py::dtype d = py::dtype::from_args(numpy_bf16);
         if (d.itemsize() != 2) throw py::value_error("numpy_bfloat16 must be ml_dtypes' bfloat16 dtype");
@@ -148,6 +172,8 @@ void set_torch(const py::object& tensor, const py::object& f32, const py::object
     s_data_ptr = PyUnicode_InternFromString("data_ptr");
     s_view = PyUnicode_InternFromString("view");
     s_is_neg = PyUnicode_InternFromString("is_neg");
+    if (!parameter.is_none()) g_parameter = (PyTypeObject*)keep(parameter);
+    if (!is_grad_enabled.is_none()) g_grad_enabled = keep(is_grad_enabled);
     g_torch_tensor = (PyTypeObject*)keep(tensor);  // last: the entries look at it first
 }
 
@@ -156,14 +182,14 @@ void set_torch(const py::object& tensor, const py::object& f32, const py::object
 PyObject* torch_fast(FastEntry f, PyObject* self, PyObject* const* a, Py_ssize_t na) {
     PyObject* views[8];
     if (na > 8) return declined();
-    int dt = -1;
+    int dt = -1, grad = -1;
     Py_ssize_t made = 0;
     bool ok = true;
     for (; ok && made < na; ++made) {
         PyObject* o = a[made];
-        if (Py_TYPE(o) == g_torch_tensor) {
+        if (is_tensor(o)) {
             int own = -1;  // x's dtype is the result's; the rest keep theirs (each entry checks them)
-            views[made] = view_of(o, made == 0 ? dt : own);
+            views[made] = view_of(o, made == 0 ? dt : own, grad);
             ok = views[made] != nullptr;
         } else if (py::detail::npy_api::get().PyArray_Check_(o)) {
             ok = false;  // NumPy mixed with torch: the Python path names the argument
@@ -176,7 +202,7 @@ PyObject* torch_fast(FastEntry f, PyObject* self, PyObject* const* a, Py_ssize_t
     PyObject* r = ok ? f(self, views, na) : nullptr;
     PyObject* given = nullptr;  // out=: the entry returned the view of a tensor argument -> that tensor
     for (Py_ssize_t i = 0; ok && r && i < na; ++i)
-        if (r == views[i] && Py_TYPE(a[i]) == g_torch_tensor) given = a[i];
+        if (r == views[i] && is_tensor(a[i])) given = a[i];
     for (Py_ssize_t i = 0; i < made; ++i) Py_XDECREF(views[i]);
     if (!ok) return declined();
     if (given) {
@@ -296,7 +322,7 @@ void register_torch(py::module_& m) {
     if (!f) throw py::error_already_set();
     m.add_object("_torch_views", py::reinterpret_steal<py::object>(f));
     m.def("_set_torch", &set_torch, "tensor"_a, "float32"_a, "float16"_a, "bfloat16"_a, "from_numpy"_a,
-          "numpy_bfloat16"_a = py::none(),
+          "numpy_bfloat16"_a = py::none(), "parameter"_a = py::none(), "is_grad_enabled"_a = py::none(),
           "Let the plain-call entries take torch CPU tensors (tensor_ops/_torch_facade.py calls it once).");
 }
 

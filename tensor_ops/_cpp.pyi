@@ -209,7 +209,7 @@ def _fast_add_rms_norm(x: _Arr, residual: _Arr, weight: _Arr, eps: float, out: N
 def _fast_add_layer_norm(x: _Arr, residual: _Arr, weight: _Arr, bias: Optional[_Arr], eps: float,
                          out: None = None, /) -> Optional[tuple[_Arr, _Arr]]: ...
 def _set_torch(tensor: type, float32: object, float16: object, bfloat16: object, from_numpy: object,
-               numpy_bfloat16: object = None) -> None:
+               numpy_bfloat16: object = None, parameter: object = None, is_grad_enabled: object = None) -> None:
     """Let the _fast_* entries take torch CPU tensors (views in, torch.from_numpy out)."""
 def _torch_views(*args: object) -> Optional[tuple]:
     """args with each torch CPU tensor as a NumPy view of it (None when one cannot be viewed)."""

@@ -142,7 +142,8 @@ def _native_entries() -> None:
     if mod is None or not hasattr(mod, "_set_torch"):
         return
     torch = _torch()
-    mod._set_torch(torch.Tensor, torch.float32, torch.float16, torch.bfloat16, torch.from_numpy, bfloat16())
+    mod._set_torch(torch.Tensor, torch.float32, torch.float16, torch.bfloat16, torch.from_numpy, bfloat16(),
+                   parameter=torch.nn.Parameter, is_grad_enabled=torch.is_grad_enabled)
     _VIEWS[0] = getattr(mod, "_torch_views", None)
     _NATIVE[0] = True
 

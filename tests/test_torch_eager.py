@@ -97,6 +97,15 @@ def test_eager_double_backward_raises():
         gx.sum().backward()
 
 
+@pytest.mark.parametrize("name", ["rope", "rope_il_half", "matmul", "matmul_vec"])
+def test_twice_differentiable_ops_keep_their_double_backward(name):
+    ours = CASES[name][0]
+    xs = tuple(_inputs(name, torch.float64))
+    assert torch.autograd.gradgradcheck(ours, xs, eps=1e-6, atol=1e-6)
+    with _Record():
+        assert torch.autograd.gradgradcheck(ours, xs, eps=1e-6, atol=1e-6)
+
+
 def test_eager_backward_without_grad_for_some_inputs():
     x = torch.randn(4, 8)
     w = torch.nn.Parameter(torch.randn(8))
@@ -105,6 +114,38 @@ def test_eager_backward_without_grad_for_some_inputs():
     ref = torch.nn.Parameter(w.detach().clone())
     F.rms_norm(x, (8,), ref, 1e-6).sum().backward()
     torch.testing.assert_close(w.grad, ref.grad, rtol=1e-5, atol=1e-5)
+
+
+# ----------------------------------------------------------------- Parameters on the native entry
+
+def _entry_calls(op):
+    from tensor_ops.backends import cpp
+    if not cpp.availability()[0]:
+        pytest.skip(f"cpp unavailable: {cpp.availability()[1]}")
+    return cpp.native()._fast_calls()[op]
+
+
+def test_parameters_take_the_native_entry_when_autograd_does_not_record():
+    x = torch.randn(2, 32)
+    p = torch.nn.Parameter(torch.randn(32))
+    to.rms_norm(x, p.detach())                   # hands torch to the entries
+    want = to.rms_norm(x, p.detach(), backend="numpy")
+    with torch.no_grad():
+        n = _entry_calls("rms_norm")
+        y = to.rms_norm(x, p)
+        assert _entry_calls("rms_norm") == n + 1 and y.grad_fn is None
+        torch.testing.assert_close(y, want)
+        m = tnn.RMSNorm(32)
+        n = _entry_calls("rms_norm")
+        m(x)
+        assert _entry_calls("rms_norm") == n + 1      # tensor_ops.nn in inference: the entry too
+    n = _entry_calls("rms_norm")
+    y = to.rms_norm(x, p)                         # grad on, p requires grad: autograd records it
+    assert _entry_calls("rms_norm") == n and y.grad_fn is not None
+    torch.testing.assert_close(y.detach(), want)
+    p.requires_grad_(False)
+    y = to.rms_norm(x, p)                         # grad on, nothing requires grad: plain
+    assert _entry_calls("rms_norm") == n + 1 and y.grad_fn is None
 
 
 # ----------------------------------------------------------------- _torch_views

@@ -86,19 +86,20 @@ def require() -> None:
 
 
 def _call(name: str, *args, backend=None):
-    """``torch.ops.tensor_ops.<name>`` when autograd or torch.compile needs it, else the
-    facade directly (eager inference skips the op dispatcher)."""
+    """The op as torch needs it: ``torch.ops.tensor_ops.<name>`` under torch.compile, the
+    op's autograd.Function (:mod:`._eager`) when autograd records it, else the facade
+    function (its native entry first: inference skips the op dispatcher)."""
     import torch
     if torch.compiler.is_compiling():
         return getattr(torch.ops.tensor_ops, name)(*args, backend=backend)
     if torch.is_grad_enabled() and any(isinstance(a, torch.Tensor) and a.requires_grad for a in args):
         from . import _eager
         return _eager.call(name, args, backend)
-    from . import _kernels
     if name in ("silu_mul", "gelu_mul"):
         from . import _library
         return getattr(_library, "_" + name)(*args, backend=backend)
-    return _kernels.forward(name, args, backend)
+    from .. import _facade      # the facade function: its native entry first (a Parameter included)
+    return _facade.OPS[name](*args, backend=backend)
 
 
 def silu_mul(a, b, *, backend=None):

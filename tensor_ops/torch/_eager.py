@@ -15,7 +15,9 @@ forward takes ``ctx`` (the classic form: with a separate ``setup_context`` stati
 backward calls the backward ops' bodies, not the ops (``_library._bwd``), and is
 ``once_differentiable``: the native backward kernels record no graph, so a double backward
 must raise rather than return a second derivative that silently treats them as constants
-(the custom ops' backward ops have no autograd either).
+(the custom ops' backward ops have no autograd either). rope and matmul, whose backward is
+differentiable (``_library.TWICE_DIFFERENTIABLE``), keep it: it calls the ops, as the
+dispatcher's does, and a double backward goes through them.
 
 The dispatcher is still taken whenever it does something the Function would not: under
 ``torch.compile`` (dynamo must see the op), under a ``TorchDispatchMode`` or ``TorchFunctionMode``
@@ -57,11 +59,12 @@ def function(name: str):
     if fn is None:
         impl = L.IMPLS[name]
         setup, backward = L.AUTOGRAD[name]
+        once = name not in L.TWICE_DIFFERENTIABLE
 
         def forward(ctx, *inputs):
             out = impl(*inputs)
             setup(ctx, inputs, out)
-            ctx.eager = True      # the backward calls its ops' bodies directly (_library._bwd)
+            ctx.eager = once      # the backward calls its ops' bodies directly (_library._bwd)
             ctx.n_inputs = len(inputs)
             return out
 
@@ -74,7 +77,7 @@ def function(name: str):
 
         fn = _FNS[name] = type(f"tensor_ops_{name}", (torch.autograd.Function,),
                                {"forward": staticmethod(forward), "__module__": __name__,
-                                "backward": staticmethod(once_differentiable(grads))})
+                                "backward": staticmethod(once_differentiable(grads) if once else grads)})
     return fn
 
 

@@ -27,6 +27,10 @@ _LIB = torch.library.Library(NS, "FRAGMENT")   # the composite ops (custom_op ke
 OPS: dict = {}                                   # name -> the custom op (OpOverload wrapper)
 IMPLS: dict = {}                                 # name -> its Python body (what the custom op runs)
 AUTOGRAD: dict = {}                              # name -> (setup_context, backward) as registered
+#: ops whose backward is itself differentiable (rope's is rope, a custom op with autograd;
+#: matmul's is torch matmuls): a double backward works through them, so the eager Functions
+#: (._eager) keep their backward as it is; every other backward calls native kernels
+TWICE_DIFFERENTIABLE = frozenset({"rope", "matmul"})
 
 
 def _op(name: str, schema: str, fake):
