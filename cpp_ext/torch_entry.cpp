@@ -67,66 +67,82 @@ bool grad_off(int& grad) {
     return grad == 0;
 }
 
-// A NumPy view of a plain CPU tensor (new reference), or nullptr (an error is never left set).
-// dt: -1 to take the tensor's dtype, else the dtype it must have.
-PyObject* view_of(PyObject* t, int& dt, int& grad) {
+// _torch_views(*args): the torch facade's general path (tensor_ops/_torch_facade.py host())
+// on NumPy views made here instead of by `t.numpy()` (~2 us each in torch 2.13, three per
+// call). Each CPU tensor of float32/float16/bfloat16 with at least one element becomes a
+// NumPy view of its memory with its strides (any layout) whose base is the tensor (the view
+// keeps it alive); None, bool, int, float and str pass through. Anything else -- a tensor on
+// another device, of another dtype, with its negative bit set (its memory is not its value),
+// empty, a NumPy or other array mixed in -- makes the whole call return None: the Python
+// path then names the argument and converts it. requires_grad is not looked at: the caller
+// reaches this only when autograd does not record the call.
+PyObject* view_any(PyObject* t, int& tdt) {
     auto& api = py::detail::npy_api::get();
     bool flag = false;
-    if (!attr_is_true(t, s_requires_grad, flag) || (flag && !grad_off(grad)) || !attr_is_true(t, s_is_cpu, flag) ||
-        !flag || negative(t)) {
-        PyErr_Clear();
-        return nullptr;
-    }
+    if (!attr_is_true(t, s_is_cpu, flag) || !flag || negative(t)) return nullptr;
     PyObject* d = PyObject_GetAttr(t, s_dtype);
-    if (!d) {
-        PyErr_Clear();
-        return nullptr;
-    }
-    int tdt = -1;
+    if (!d) return nullptr;
+    tdt = -1;
     for (int i = 0; i < DT_COUNT; ++i)
         if (d == g_dt[i]) tdt = i;
     Py_DECREF(d);
-    if (tdt < 0 || (dt >= 0 && tdt != dt)) return nullptr;
+    if (tdt < 0 || (tdt == DT_BF16 && !g_bf16_descr)) return nullptr;
     PyObject* shape = PyObject_GetAttr(t, s_shape);
     PyObject* stride = shape ? PyObject_CallMethodNoArgs(t, s_stride) : nullptr;
     PyObject* ptr = stride ? PyObject_CallMethodNoArgs(t, s_data_ptr) : nullptr;
     PyObject* out = nullptr;
     if (ptr && PyTuple_Check(shape) && PyTuple_Check(stride) && PyTuple_GET_SIZE(shape) == PyTuple_GET_SIZE(stride)) {
         const Py_ssize_t nd = PyTuple_GET_SIZE(shape);
-        Py_intptr_t dims[32];
-        bool ok = nd >= 1 && nd <= 32;
-        int64_t expect = 1;
-        for (Py_ssize_t i = nd - 1; ok && i >= 0; --i) {
+        Py_intptr_t dims[32], strides[32];
+        bool ok = nd <= 32;
+        for (Py_ssize_t i = 0; ok && i < nd; ++i) {
             const long long n = PyLong_AsLongLong(PyTuple_GET_ITEM(shape, i));
             const long long s = PyLong_AsLongLong(PyTuple_GET_ITEM(stride, i));
-            ok = n > 0 && (n == 1 || s == expect);
+            ok = n > 0 && s >= 0 && s < (1LL << 48);
             dims[i] = (Py_intptr_t)n;
-            expect *= n;
+            strides[i] = (Py_intptr_t)(s * ELSIZE[tdt]);
         }
         void* p = PyLong_AsVoidPtr(ptr);
-        PyErr_Clear();
-        ok = ok && p && (uintptr_t)p % (uintptr_t)ELSIZE[tdt] == 0;
-        PyObject* descr = tdt == DT_F32   ? api.PyArray_DescrFromType_(NPY_FLOAT_)
-                          : tdt == DT_F16 ? api.PyArray_DescrFromType_(NPY_HALF_)
-                                          : g_bf16_descr;
-        if (ok && descr) {
-            if (tdt == DT_BF16) Py_INCREF(descr);  // NewFromDescr steals it; the cached one stays ours
-            out = api.PyArray_NewFromDescr_(api.PyArray_Type_, descr, (int)nd, dims, nullptr, p,
-                                            py::detail::npy_api::NPY_ARRAY_C_CONTIGUOUS_ |
-                                                py::detail::npy_api::NPY_ARRAY_ALIGNED_ |
-                                                py::detail::npy_api::NPY_ARRAY_WRITEABLE_,
-                                            nullptr);
-            if (!out) PyErr_Clear();
-        } else if (descr && tdt != DT_BF16) {
-            Py_DECREF(descr);
+        if (ok && p && !PyErr_Occurred()) {
+            PyObject* descr = tdt == DT_F32   ? api.PyArray_DescrFromType_(NPY_FLOAT_)
+                              : tdt == DT_F16 ? api.PyArray_DescrFromType_(NPY_HALF_)
+                                              : (Py_INCREF(g_bf16_descr), g_bf16_descr);
+            // given strides, NumPy derives the contiguity and alignment flags itself
+            out = descr ? api.PyArray_NewFromDescr_(api.PyArray_Type_, descr, (int)nd, dims, strides, p,
+                                                    py::detail::npy_api::NPY_ARRAY_WRITEABLE_, nullptr)
+                        : nullptr;
+            if (out) {
+                Py_INCREF(t);
+                if (api.PyArray_SetBaseObject_(out, t) < 0) {  // steals t's reference even on failure
+                    Py_CLEAR(out);
+                }
+            }
         }
     }
-    PyErr_Clear();
     Py_XDECREF(shape);
     Py_XDECREF(stride);
     Py_XDECREF(ptr);
-    if (out) dt = tdt;
     return out;
+}
+
+// A NumPy view of a plain CPU tensor for an entry (new reference), or nullptr (an error is
+// never left set): view_any's view, which must also be C-contiguous, aligned and >= 1-D.
+// dt: -1 to take the tensor's dtype (set on success), else the dtype it must have.
+PyObject* view_of(PyObject* t, int& dt, int& grad) {
+    bool flag = false;
+    int tdt = -1;
+    PyObject* v = nullptr;
+    if (attr_is_true(t, s_requires_grad, flag) && (!flag || grad_off(grad))) v = view_any(t, tdt);
+    PyErr_Clear();
+    if (!v) return nullptr;
+    const auto* pv = py::detail::array_proxy(v);
+    const int need = py::detail::npy_api::NPY_ARRAY_C_CONTIGUOUS_ | py::detail::npy_api::NPY_ARRAY_ALIGNED_;
+    if ((dt >= 0 && tdt != dt) || pv->nd < 1 || (pv->flags & need) != need) {
+        Py_DECREF(v);
+        return nullptr;
+    }
+    dt = tdt;
+    return v;
 }
 
 // torch.from_numpy(r) (bfloat16: through an int16 view, then .view(torch.bfloat16)); steals r.
@@ -227,64 +243,6 @@ PyObject* torch_fast(FastEntry f, PyObject* self, PyObject* const* a, Py_ssize_t
 
 namespace {
 
-// _torch_views(*args): the torch facade's general path (tensor_ops/_torch_facade.py host())
-// on NumPy views made here instead of by `t.numpy()` (~2 us each in torch 2.13, three per
-// call). Each CPU tensor of float32/float16/bfloat16 with at least one element becomes a
-// NumPy view of its memory with its strides (any layout) whose base is the tensor (the view
-// keeps it alive); None, bool, int, float and str pass through. Anything else -- a tensor on
-// another device, of another dtype, with its negative bit set (its memory is not its value),
-// empty, a NumPy or other array mixed in -- makes the whole call return None: the Python
-// path then names the argument and converts it. requires_grad is not looked at: the caller
-// reaches this only when autograd does not record the call.
-PyObject* view_any(PyObject* t) {
-    auto& api = py::detail::npy_api::get();
-    bool flag = false;
-    if (!attr_is_true(t, s_is_cpu, flag) || !flag || negative(t)) return nullptr;
-    PyObject* d = PyObject_GetAttr(t, s_dtype);
-    if (!d) return nullptr;
-    int tdt = -1;
-    for (int i = 0; i < DT_COUNT; ++i)
-        if (d == g_dt[i]) tdt = i;
-    Py_DECREF(d);
-    if (tdt < 0 || (tdt == DT_BF16 && !g_bf16_descr)) return nullptr;
-    PyObject* shape = PyObject_GetAttr(t, s_shape);
-    PyObject* stride = shape ? PyObject_CallMethodNoArgs(t, s_stride) : nullptr;
-    PyObject* ptr = stride ? PyObject_CallMethodNoArgs(t, s_data_ptr) : nullptr;
-    PyObject* out = nullptr;
-    if (ptr && PyTuple_Check(shape) && PyTuple_Check(stride) && PyTuple_GET_SIZE(shape) == PyTuple_GET_SIZE(stride)) {
-        const Py_ssize_t nd = PyTuple_GET_SIZE(shape);
-        Py_intptr_t dims[32], strides[32];
-        bool ok = nd <= 32;
-        for (Py_ssize_t i = 0; ok && i < nd; ++i) {
-            const long long n = PyLong_AsLongLong(PyTuple_GET_ITEM(shape, i));
-            const long long s = PyLong_AsLongLong(PyTuple_GET_ITEM(stride, i));
-            ok = n > 0 && s >= 0 && s < (1LL << 48);
-            dims[i] = (Py_intptr_t)n;
-            strides[i] = (Py_intptr_t)(s * ELSIZE[tdt]);
-        }
-        void* p = PyLong_AsVoidPtr(ptr);
-        if (ok && p && !PyErr_Occurred()) {
-            PyObject* descr = tdt == DT_F32   ? api.PyArray_DescrFromType_(NPY_FLOAT_)
-                              : tdt == DT_F16 ? api.PyArray_DescrFromType_(NPY_HALF_)
-                                              : (Py_INCREF(g_bf16_descr), g_bf16_descr);
-            // given strides, NumPy derives the contiguity and alignment flags itself
-            out = descr ? api.PyArray_NewFromDescr_(api.PyArray_Type_, descr, (int)nd, dims, strides, p,
-                                                    py::detail::npy_api::NPY_ARRAY_WRITEABLE_, nullptr)
-                        : nullptr;
-            if (out) {
-                Py_INCREF(t);
-                if (api.PyArray_SetBaseObject_(out, t) < 0) {  // steals t's reference even on failure
-                    Py_CLEAR(out);
-                }
-            }
-        }
-    }
-    Py_XDECREF(shape);
-    Py_XDECREF(stride);
-    Py_XDECREF(ptr);
-    return out;
-}
-
 PyObject* torch_views(PyObject*, PyObject* const* a, Py_ssize_t na) {
     if (!g_torch_tensor) Py_RETURN_NONE;
     PyObject* r = PyTuple_New(na);
@@ -293,7 +251,8 @@ PyObject* torch_views(PyObject*, PyObject* const* a, Py_ssize_t na) {
         PyObject* o = a[i];
         PyObject* v = nullptr;
         if (PyObject_TypeCheck(o, g_torch_tensor)) {
-            v = view_any(o);
+            int tdt = -1;
+            v = view_any(o, tdt);
         } else if (o == Py_None || PyBool_Check(o) || PyLong_CheckExact(o) || PyFloat_CheckExact(o) ||
                    PyUnicode_CheckExact(o)) {
             Py_INCREF(o);
