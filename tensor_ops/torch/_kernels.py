@@ -63,7 +63,7 @@ def _np(t):
 
 def _nps(*ts) -> tuple:
     """:func:`_np` of each C-contiguous tensor, made by the cpp module in one call when it can
-    (``_torch_views``: ~0.5 µs a tensor against ~2 µs for ``t.numpy()``)."""
+    (``_torch_views``: 2.8 µs for two tensors against 3.2 µs each through ``to_numpy``, timeit)."""
     mk = _tf._VIEWS[0]
     vs = mk(*ts) if mk is not None else None
     if vs is None:
