@@ -36,11 +36,11 @@ void adam_k(const void* gv, void* pv, float* m, float* v, float* master, int64_t
         const int64_t k = n - i < W ? n - i : W;
         V P = master ? ld(master + i, k) : ld(p + i, k);
         V G = ld(g + i, k);
-        if (l2) G = vfma(wd, P, G);
+        if (l2) G = vfma_once(wd, P, G);
         else P = P * decay;
         const V M0 = ld(m + i, k);
-        const V Mv = vfma(lw, G - M0, small ? M0 : G);
-        const V Vv = vfma(ob2 * G, G, ld(v + i, k) * b2);
+        const V Mv = vfma_once(lw, G - M0, small ? M0 : G);
+        const V Vv = vfma_once(ob2 * G, G, ld(v + i, k) * b2);
         const V denom = vsqrt(Vv) / bc2s + eps;
         P = P + (nstep * Mv) / denom;
         st(m + i, Mv, k);

@@ -130,7 +130,7 @@ __attribute__((flatten)) inline PF write_row(T* y, int64_t n, bool nt, const Ful
         // ops deep, and the out-of-order window alone overlaps too few iterations.
         for (; i + 2 * W <= n; i += 2 * W) {
             pf();
-            V a = full(i), b = full(i + W);
+            const auto a = full(i), b = full(i + W);  // a V, or an H (simd.h: bits already rounded)
             vstream(y + i, a);
             vstream(y + i + W, b);
         }
@@ -138,7 +138,7 @@ __attribute__((flatten)) inline PF write_row(T* y, int64_t n, bool nt, const Ful
     } else {
         for (; i + 2 * W <= n; i += 2 * W) {
             pf();
-            V a = full(i), b = full(i + W);
+            const auto a = full(i), b = full(i + W);
             vstore(y + i, a);
             vstore(y + i + W, b);
         }

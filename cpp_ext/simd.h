@@ -12,6 +12,7 @@
 // reason the kernels use no std:: templates that could be emitted out of line.
 #pragma once
 
+#include <cmath>
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
@@ -120,6 +121,14 @@ inline V operator*(V a, V b) { return {a.v * b.v}; }
 inline V operator/(V a, V b) { return {a.v / b.v}; }
 inline V vfma(V a, V b, V c) { return {a.v * b.v + c.v}; }   // a*b + c
 inline V vfnma(V a, V b, V c) { return {c.v - a.v * b.v}; }  // c - a*b
+// a*b + c rounded once, as the vector variants' vfma is: for the optimizers, which follow
+// torch's rounding op by op (optim.cpp: lerp and addcmul are fmas). The scalar vfma above
+// rounds twice, which gave Adam moments 1 ulp off torch's under TENSOR_OPS_MAX_ISA=scalar
+// (tests/test_tex_train_parity.py); std::fma everywhere made the scalar variant's polynomials
+// 2-4x slower (a libm call per element where the baseline ISA has no FMA instruction), so only
+// the optimizers take it.
+inline V vfma_once(V a, V b, V c) { return {std::fma(a.v, b.v, c.v)}; }
+inline V vfnma_once(V a, V b, V c) { return {std::fma(-a.v, b.v, c.v)}; }
 inline V vmax(V a, V b) { return {a.v > b.v ? a.v : b.v}; }  // b if either is NaN (x86 maxps rule)
 inline V vmin(V a, V b) { return {a.v < b.v ? a.v : b.v}; }
 inline V vabs(V a) { return {bits_f(f_bits(a.v) & 0x7fffffffu)}; }
@@ -154,10 +163,18 @@ inline V vldexp(V y, V e) { return y * vexp2i(vcvt_i(e)); }
 inline V vload(const float* p) { return {*p}; }
 inline V vload(const f16* p) { return {half_to_f32(p->b)}; }
 inline V vload(const bf16* p) { return {bf16_to_f32(p->b)}; }
+// H: a vector of 16-bit lanes as the bits a store writes (see "16-bit lanes as bits" below)
+struct H { uint16_t v; };
+inline H vpack16(const f16*, V v) { return {f32_to_half(v.v)}; }
+inline H vpack16(const bf16*, V v) { return {f32_to_bf16(v.v)}; }
+inline V vwiden(const f16*, H h) { return {half_to_f32(h.v)}; }
+inline V vwiden(const bf16*, H h) { return {bf16_to_f32(h.v)}; }
+template <class T> inline void vstore(T* p, H h) { p->b = h.v; }
 inline void vstore(float* p, V v) { *p = v.v; }
-inline void vstore(f16* p, V v) { p->b = f32_to_half(v.v); }
-inline void vstore(bf16* p, V v) { p->b = f32_to_bf16(v.v); }
+inline void vstore(f16* p, V v) { vstore(p, vpack16(p, v)); }
+inline void vstore(bf16* p, V v) { vstore(p, vpack16(p, v)); }
 template <class T> inline void vstream(T* p, V v) { vstore(p, v); }
+template <class T> inline void vstream(T* p, H h) { vstore(p, h); }
 inline void stream_fence() {}
 // rope's interleaved pairs: (x1, x0) per pair is meaningless at width 1; rope.cpp has
 // a pair loop for W == 1.
@@ -176,6 +193,8 @@ inline V operator*(V a, V b) { return {_mm256_mul_ps(a.v, b.v)}; }
 inline V operator/(V a, V b) { return {_mm256_div_ps(a.v, b.v)}; }
 inline V vfma(V a, V b, V c) { return {_mm256_fmadd_ps(a.v, b.v, c.v)}; }
 inline V vfnma(V a, V b, V c) { return {_mm256_fnmadd_ps(a.v, b.v, c.v)}; }
+inline V vfma_once(V a, V b, V c) { return vfma(a, b, c); }  // see the scalar vfma_once
+inline V vfnma_once(V a, V b, V c) { return vfnma(a, b, c); }
 inline V vmax(V a, V b) { return {_mm256_max_ps(a.v, b.v)}; }
 inline V vmin(V a, V b) { return {_mm256_min_ps(a.v, b.v)}; }
 inline V vabs(V a) { return {_mm256_and_ps(a.v, _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff)))}; }
@@ -233,12 +252,19 @@ inline __m128i bf16_pack(V v) {
     const __m256i packed = _mm256_permute4x64_epi64(_mm256_shuffle_epi8(r, hi), 0x08);
     return _mm256_castsi256_si128(packed);
 }
+struct H { __m128i v; };
+inline H vpack16(const f16*, V v) { return {_mm256_cvtps_ph(v.v, _MM_FROUND_TO_NEAREST_INT)}; }
+inline H vpack16(const bf16*, V v) { return {bf16_pack(v)}; }
+inline V vwiden(const f16*, H h) { return {_mm256_cvtph_ps(h.v)}; }
+inline V vwiden(const bf16*, H h) { return {_mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h.v), 16))}; }
+template <class T> inline void vstore(T* p, H h) { _mm_storeu_si128((__m128i*)p, h.v); }
+template <class T> inline void vstream(T* p, H h) { _mm_stream_si128((__m128i*)p, h.v); }
 inline void vstore(float* p, V v) { _mm256_storeu_ps(p, v.v); }
-inline void vstore(f16* p, V v) { _mm_storeu_si128((__m128i*)p, _mm256_cvtps_ph(v.v, _MM_FROUND_TO_NEAREST_INT)); }
-inline void vstore(bf16* p, V v) { _mm_storeu_si128((__m128i*)p, bf16_pack(v)); }
+inline void vstore(f16* p, V v) { vstore(p, vpack16(p, v)); }
+inline void vstore(bf16* p, V v) { vstore(p, vpack16(p, v)); }
 inline void vstream(float* p, V v) { _mm256_stream_ps(p, v.v); }
-inline void vstream(f16* p, V v) { _mm_stream_si128((__m128i*)p, _mm256_cvtps_ph(v.v, _MM_FROUND_TO_NEAREST_INT)); }
-inline void vstream(bf16* p, V v) { _mm_stream_si128((__m128i*)p, bf16_pack(v)); }
+inline void vstream(f16* p, V v) { vstream(p, vpack16(p, v)); }
+inline void vstream(bf16* p, V v) { vstream(p, vpack16(p, v)); }
 inline void stream_fence() { _mm_sfence(); }
 // swap the two lanes of every pair: (x0,x1,x2,x3..) -> (x1,x0,x3,x2..)
 inline V vswap_pairs(V a) { return {_mm256_permute_ps(a.v, 0xB1)}; }
@@ -257,6 +283,8 @@ inline V operator*(V a, V b) { return {_mm512_mul_ps(a.v, b.v)}; }
 inline V operator/(V a, V b) { return {_mm512_div_ps(a.v, b.v)}; }
 inline V vfma(V a, V b, V c) { return {_mm512_fmadd_ps(a.v, b.v, c.v)}; }
 inline V vfnma(V a, V b, V c) { return {_mm512_fnmadd_ps(a.v, b.v, c.v)}; }
+inline V vfma_once(V a, V b, V c) { return vfma(a, b, c); }  // see the scalar vfma_once
+inline V vfnma_once(V a, V b, V c) { return vfnma(a, b, c); }
 inline V vmax(V a, V b) { return {_mm512_max_ps(a.v, b.v)}; }
 inline V vmin(V a, V b) { return {_mm512_min_ps(a.v, b.v)}; }
 inline V vabs(V a) { return {_mm512_abs_ps(a.v)}; }
@@ -304,12 +332,19 @@ inline __m256i bf16_pack(V v) {
     return _mm512_cvtepi32_epi16(_mm512_srli_epi32(r, 16));
 }
 #endif
+struct H { __m256i v; };
+inline H vpack16(const f16*, V v) { return {_mm512_cvtps_ph(v.v, _MM_FROUND_TO_NEAREST_INT)}; }
+inline H vpack16(const bf16*, V v) { return {bf16_pack(v)}; }
+inline V vwiden(const f16*, H h) { return {_mm512_cvtph_ps(h.v)}; }
+inline V vwiden(const bf16*, H h) { return {_mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h.v), 16))}; }
+template <class T> inline void vstore(T* p, H h) { _mm256_storeu_si256((__m256i*)p, h.v); }
+template <class T> inline void vstream(T* p, H h) { _mm256_stream_si256((__m256i*)p, h.v); }
 inline void vstore(float* p, V v) { _mm512_storeu_ps(p, v.v); }
-inline void vstore(f16* p, V v) { _mm256_storeu_si256((__m256i*)p, _mm512_cvtps_ph(v.v, _MM_FROUND_TO_NEAREST_INT)); }
-inline void vstore(bf16* p, V v) { _mm256_storeu_si256((__m256i*)p, bf16_pack(v)); }
+inline void vstore(f16* p, V v) { vstore(p, vpack16(p, v)); }
+inline void vstore(bf16* p, V v) { vstore(p, vpack16(p, v)); }
 inline void vstream(float* p, V v) { _mm512_stream_ps(p, v.v); }
-inline void vstream(f16* p, V v) { _mm256_stream_si256((__m256i*)p, _mm512_cvtps_ph(v.v, _MM_FROUND_TO_NEAREST_INT)); }
-inline void vstream(bf16* p, V v) { _mm256_stream_si256((__m256i*)p, bf16_pack(v)); }
+inline void vstream(f16* p, V v) { vstream(p, vpack16(p, v)); }
+inline void vstream(bf16* p, V v) { vstream(p, vpack16(p, v)); }
 inline void stream_fence() { _mm_sfence(); }
 inline V vswap_pairs(V a) { return {_mm512_permute_ps(a.v, 0xB1)}; }
 #endif
@@ -365,6 +400,8 @@ inline void vstore_part(f16* p, V v, int64_t k) {
     _mm256_mask_storeu_epi16(p, kmask(k), _mm512_cvtps_ph(v.v, _MM_FROUND_TO_NEAREST_INT));
 }
 inline void vstore_part(bf16* p, V v, int64_t k) { _mm256_mask_storeu_epi16(p, kmask(k), bf16_pack(v)); }
+template <class T>
+inline void vstore_part(T* p, H h, int64_t k) { _mm256_mask_storeu_epi16(p, kmask(k), h.v); }
 #else
 #if TO_ISA == 1
 inline V vload_part(const float* p, int64_t k, float fill) {
@@ -385,7 +422,21 @@ inline void vstore_part(T* p, V v, int64_t k) {
     vstore(b, v);
     for (int64_t i = 0; i < k; ++i) put(p + i, b[i]);
 }
+template <class T>
+inline void vstore_part(T* p, H h, int64_t k) {
+    alignas(64) T b[W];
+    vstore(b, h);
+    std::memcpy((void*)p, (const void*)b, (size_t)k * sizeof(T));
+}
 #endif
+
+// ---- 16-bit lanes as bits ------------------------------------------------------------
+// H (defined per variant above): W lanes of a 16-bit T as the bits a store of them writes.
+// vpack16 is the store's conversion (rounded to nearest-even; every 16-bit vstore / vstream
+// is vpack16 then the bits' store), vwiden the fp32 value those bits hold. For a kernel that
+// needs the rounded value as well as storing it (tex_train.cpp: the bias gradient sums what
+// the output holds), one conversion instead of a second one inside the store: write_row
+// stores what its generator returns, a V or an H. The pointer argument only picks the format.
 
 }  // namespace
 }  // namespace TO_NS
