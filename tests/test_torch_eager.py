@@ -89,6 +89,20 @@ def test_eager_calls_skip_the_dispatcher_and_modes_keep_it():
         assert not _eager.usable((x, w))
 
 
+def test_jit_trace_keeps_the_dispatcher():
+    """Under torch.jit.trace the custom op is what gets recorded (a Function would be an opaque
+    PythonOp in the graph), so the eager shortcut stands aside."""
+    seen = []
+
+    def f(x):
+        seen.append(_eager.usable((x,)))
+        return x * 2
+
+    torch.jit.trace(f, torch.randn(2), check_trace=False)
+    assert seen == [False]
+    assert _eager.usable((torch.randn(2),))
+
+
 def test_eager_double_backward_raises():
     x = torch.randn(3, 16, requires_grad=True)
     w = torch.nn.Parameter(torch.randn(16))

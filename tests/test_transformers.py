@@ -8,6 +8,7 @@ and the optimizer's parameters are unchanged, and ``undo()`` puts the originals 
 from __future__ import annotations
 
 import copy
+import gc
 
 import pytest
 
@@ -156,10 +157,10 @@ def test_16bit_rope_tables_are_converted_once_and_exactly(dtype):
         want = (to.rope(q, cos[0], sin[0], backend="numpy"), to.rope(k, cos[0], sin[0], backend="numpy"))
         got = to_hf.apply_rotary_pos_emb(q, k, cos, sin)
         assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
-        c32 = to_hf._LAST_TABLES[0][1][0]
+        c32 = to_hf._LAST_TABLES[0][3][0]
         assert c32.dtype == torch.float32 and torch.equal(c32, cos.float())
         to_hf.apply_rotary_pos_emb(q, k, cos, sin)
-        assert to_hf._LAST_TABLES[0][1][0] is c32                  # the same tensors: not converted again
+        assert to_hf._LAST_TABLES[0][3][0] is c32                  # the same tensors: not converted again
         if cpp.availability()[0]:
             before = cpp.native()._fast_calls()["rope"]
             to_hf.apply_rotary_pos_emb(q, k, cos, sin)
@@ -167,6 +168,9 @@ def test_16bit_rope_tables_are_converted_once_and_exactly(dtype):
         cos.mul_(-1)                                                # changed in place: converted again
         got = to_hf.apply_rotary_pos_emb(q, k, cos, sin)
         assert torch.equal(got[0], to.rope(q, cos[0], sin[0], backend="numpy"))
+    del cos, c32                                                    # the converted pair dies with its tables
+    gc.collect()
+    assert to_hf._LAST_TABLES[0] is None
 
 
 def test_identify_act_and_bad_model():

@@ -37,6 +37,8 @@ Example (tiny random Llama, no download)::
 """
 from __future__ import annotations
 
+import weakref
+
 import functools
 import inspect
 import logging
@@ -285,7 +287,14 @@ def apply_rotary_pos_emb(q, k, cos, sin, unsqueeze_dim=1, *, original=None, back
     return torch.stack(qs), torch.stack(ks)
 
 
-_LAST_TABLES: list = [None]   # ((cos, sin, their versions), (cos32, sin32)): the last pair converted
+_LAST_TABLES: list = [None]   # (weakref cos, weakref sin, their versions, (cos32, sin32)): the last pair
+
+
+def _forget_tables(ref) -> None:
+    """A converted pair lives no longer than its tables (a 32k-token prefill's pair is ~48 MB)."""
+    last = _LAST_TABLES[0]
+    if last is not None and (last[0] is ref or last[1] is ref):
+        _LAST_TABLES[0] = None
 
 
 def _float32_tables(cos, sin):
@@ -295,14 +304,15 @@ def _float32_tables(cos, sin):
     model's position embeddings arrive in its dtype, so each layer's two rope calls took the
     general path, which converts them exactly so (``_ops/rope.py _angles``) at ~25 µs a call.
     Every layer of one forward gets the same two tensors (the model computes them once), so
-    the last pair's conversion is kept (by identity and version counter). Tables that require
-    grad or live elsewhere are left as they are."""
+    the last pair's conversion is kept (by identity and version counter), held by weak
+    references to the originals: it is dropped with them. Tables that require grad or live
+    elsewhere are left as they are."""
     if cos.dtype == torch.float32 or not cos.is_cpu or cos.requires_grad or sin.requires_grad:
         return cos, sin
-    key = (cos, sin, cos._version, sin._version)
+    versions = (cos._version, sin._version)
     last = _LAST_TABLES[0]
-    if last is not None and last[0][0] is cos and last[0][1] is sin and last[0][2:] == key[2:]:
-        return last[1]
+    if last is not None and last[0]() is cos and last[1]() is sin and last[2] == versions:
+        return last[3]
     pair = (cos.to(torch.float32), sin.to(torch.float32))
-    _LAST_TABLES[0] = (key, pair)
+    _LAST_TABLES[0] = (weakref.ref(cos, _forget_tables), weakref.ref(sin, _forget_tables), versions, pair)
     return pair

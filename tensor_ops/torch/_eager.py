@@ -22,7 +22,8 @@ dispatcher's does, and a double backward goes through them.
 The dispatcher is still taken whenever it does something the Function would not: under
 ``torch.compile`` (dynamo must see the op), under a ``TorchDispatchMode`` or ``TorchFunctionMode``
 (FakeTensorMode, make_fx, FlopCounterMode, ...), under functorch transforms (vmap/grad wrap
-the tensors), and for tensor subclasses (anything but ``torch.Tensor`` and ``nn.Parameter``).
+the tensors), under ``torch.jit.trace`` (a Function would be recorded as an opaque PythonOp),
+and for tensor subclasses (anything but ``torch.Tensor`` and ``nn.Parameter``).
 """
 from __future__ import annotations
 
@@ -39,6 +40,7 @@ _COMPOSITE: dict = {"rms_norm": L.rms_norm, "layer_norm": L.layer_norm, "add_rms
 _peek = getattr(getattr(_C, "_functorch", None), "peek_interpreter_stack", None)
 _dispatch_depth = getattr(_C, "_len_torch_dispatch_stack", None)
 _function_mode = getattr(_C, "_is_torch_function_mode_enabled", None)
+_tracing = getattr(_C, "_get_tracing_state", None)
 
 
 def usable(args) -> bool:
@@ -47,6 +49,8 @@ def usable(args) -> bool:
         return False            # a torch without these probes: always the dispatcher
     if torch.compiler.is_compiling() or _dispatch_depth() or _function_mode() or _peek() is not None:
         return False
+    if _tracing is not None and _tracing() is not None:
+        return False            # torch.jit.trace records the custom op, not a Python Function
     for a in args:
         if isinstance(a, torch.Tensor) and type(a) not in _PLAIN:
             return False
