@@ -173,6 +173,38 @@ def test_16bit_rope_tables_are_converted_once_and_exactly(dtype):
     assert to_hf._LAST_TABLES[0] is None
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+def test_batched_rope_tables_with_equal_rows_take_one_call_each(dtype):
+    """HF expands position_ids to (B, T), so a batch whose sequences share positions brings B
+    equal tables: q and k then take one rope call each (not one per sequence and a stack), and
+    a batch whose positions differ keeps a table per sequence."""
+    from tensor_ops.backends import cpp
+    g = torch.Generator().manual_seed(7)
+    B, T = 3, 5
+    q, k = torch.randn(B, 4, T, 16, generator=g).to(dtype), torch.randn(B, 2, T, 16, generator=g).to(dtype)
+    same = (torch.rand(1, T, 16, generator=g) * 6).expand(B, T, 16).contiguous()
+    differ = same.clone()
+    differ[1] += 0.5
+    to.rope(q, torch.ones(T, 16), torch.zeros(T, 16))     # the process's first torch call sets the entry up
+    for ang in (same, differ):
+        cos, sin = ang.cos().to(dtype), ang.sin().to(dtype)
+        to_hf._LAST_TABLES[0] = None
+        with torch.no_grad():
+            calls = cpp.native()._fast_calls()["rope"] if cpp.availability()[0] else None
+            got = to_hf.apply_rotary_pos_emb(q, k, cos, sin)
+            if calls is not None:
+                assert cpp.native()._fast_calls()["rope"] - calls == (2 if ang is same else 2 * B)
+            for out, x in zip(got, (q, k)):
+                want = torch.stack([to.rope(x[i], cos[i], sin[i], backend="numpy") for i in range(B)])
+                torch.testing.assert_close(out, want, rtol=1.3e-6, atol=1e-5) if dtype == torch.float32 \
+                    else torch.testing.assert_close(out, want, rtol=0, atol=0)
+        prepared = to_hf._LAST_TABLES[0][3]
+        if ang is same:
+            assert prepared[0].shape == (1, T, 16) and prepared[0].dtype == torch.float32
+        elif dtype == torch.float32:
+            assert prepared is None              # the originals serve: the entry holds no copy of them
+
+
 def test_identify_act_and_bad_model():
     assert to_hf.identify_act(torch.nn.SiLU()) == "silu"
     assert to_hf.identify_act(torch.nn.GELU()) == "gelu"

@@ -278,7 +278,7 @@ def apply_rotary_pos_emb(q, k, cos, sin, unsqueeze_dim=1, *, original=None, back
             raise ValueError(f"unsupported rope layout: q {tuple(q.shape)}, cos {tuple(cos.shape)}, "
                              f"unsqueeze_dim={unsqueeze_dim}")
         return original(q, k, cos, sin, unsqueeze_dim)
-    cos, sin = _float32_tables(cos, sin)
+    cos, sin = _tables(cos, sin)
     if cos.shape[0] == 1:
         return (_tot.rope(q, cos[0], sin[0], backend=backend), _tot.rope(k, cos[0], sin[0], backend=backend))
     # positions differ per sequence: one call per sequence (each (H, T, D) with its own table)
@@ -287,32 +287,45 @@ def apply_rotary_pos_emb(q, k, cos, sin, unsqueeze_dim=1, *, original=None, back
     return torch.stack(qs), torch.stack(ks)
 
 
-_LAST_TABLES: list = [None]   # (weakref cos, weakref sin, their versions, (cos32, sin32)): the last pair
+_LAST_TABLES: list = [None]   # (weakref cos, weakref sin, their versions, (cos', sin')): the last pair
 
 
 def _forget_tables(ref) -> None:
-    """A converted pair lives no longer than its tables (a 32k-token prefill's pair is ~48 MB)."""
+    """A prepared pair lives no longer than its tables (a 32k-token prefill's is ~48 MB)."""
     last = _LAST_TABLES[0]
     if last is not None and (last[0] is ref or last[1] is ref):
         _LAST_TABLES[0] = None
 
 
-def _float32_tables(cos, sin):
-    """16-bit CPU tables as float32, converted once per model forward.
+def _tables(cos, sin):
+    """The model's (B, T, D) rotary tables as rope takes them, worked out once per forward.
 
-    rope's native entry takes float32 tables only (the kernel computes in fp32); a bf16/fp16
-    model's position embeddings arrive in its dtype, so each layer's two rope calls took the
-    general path, which converts them exactly so (``_ops/rope.py _angles``) at ~25 µs a call.
     Every layer of one forward gets the same two tensors (the model computes them once), so
-    the last pair's conversion is kept (by identity and version counter), held by weak
-    references to the originals: it is dropped with them. Tables that require grad or live
-    elsewhere are left as they are."""
-    if cos.dtype == torch.float32 or not cos.is_cpu or cos.requires_grad or sin.requires_grad:
+    the last pair's result is kept (by identity and version counter), held by weak references
+    to the originals: it is dropped with them. Two things are worked out:
+
+    * float32: rope's native entry takes float32 tables only (the kernel computes in fp32); a
+      bf16/fp16 model's tables arrive in its dtype, and each layer's two rope calls took the
+      general path, which converts them exactly so (``_ops/rope.py _angles``), ~25 µs a call.
+    * one table for the batch: HF expands ``position_ids`` to (B, T), so a batch has B
+      tables even when every sequence has the same positions (no padding), and B rope calls
+      for q and B for k per layer plus a stack of each; a batched decode step (B = 8)
+      took 3-4x HF's own time. Rows that are all equal give (1, T, D) (a copy of the first:
+      a view would keep the originals alive), and q and k take one call each.
+
+    Tables that require grad or live elsewhere are left as they are."""
+    if not cos.is_cpu or cos.requires_grad or sin.requires_grad or \
+            (cos.dtype == torch.float32 and cos.shape[0] == 1):
         return cos, sin
     versions = (cos._version, sin._version)
     last = _LAST_TABLES[0]
     if last is not None and last[0]() is cos and last[1]() is sin and last[2] == versions:
-        return last[3]
-    pair = (cos.to(torch.float32), sin.to(torch.float32))
+        return last[3] or (cos, sin)
+    c, s = cos, sin
+    if c.shape[0] > 1 and bool((c == c[:1]).all()) and bool((s == s[:1]).all()):
+        c, s = c[:1], s[:1]
+    # None: the originals as they are (float32, one per sequence), not held by the entry
+    pair = None if c is cos and cos.dtype == torch.float32 else \
+        (c.to(torch.float32, copy=True), s.to(torch.float32, copy=True))
     _LAST_TABLES[0] = (weakref.ref(cos, _forget_tables), weakref.ref(sin, _forget_tables), versions, pair)
-    return pair
+    return pair or (cos, sin)
