@@ -171,8 +171,6 @@ inline V vwiden(const f16*, H h) { return {half_to_f32(h.v)}; }
 inline V vwiden(const bf16*, H h) { return {bf16_to_f32(h.v)}; }
 template <class T> inline void vstore(T* p, H h) { p->b = h.v; }
 inline void vstore(float* p, V v) { *p = v.v; }
-inline void vstore(f16* p, V v) { vstore(p, vpack16(p, v)); }
-inline void vstore(bf16* p, V v) { vstore(p, vpack16(p, v)); }
 template <class T> inline void vstream(T* p, V v) { vstore(p, v); }
 template <class T> inline void vstream(T* p, H h) { vstore(p, h); }
 inline void stream_fence() {}
@@ -260,11 +258,7 @@ inline V vwiden(const bf16*, H h) { return {_mm256_castsi256_ps(_mm256_slli_epi3
 template <class T> inline void vstore(T* p, H h) { _mm_storeu_si128((__m128i*)p, h.v); }
 template <class T> inline void vstream(T* p, H h) { _mm_stream_si128((__m128i*)p, h.v); }
 inline void vstore(float* p, V v) { _mm256_storeu_ps(p, v.v); }
-inline void vstore(f16* p, V v) { vstore(p, vpack16(p, v)); }
-inline void vstore(bf16* p, V v) { vstore(p, vpack16(p, v)); }
 inline void vstream(float* p, V v) { _mm256_stream_ps(p, v.v); }
-inline void vstream(f16* p, V v) { vstream(p, vpack16(p, v)); }
-inline void vstream(bf16* p, V v) { vstream(p, vpack16(p, v)); }
 inline void stream_fence() { _mm_sfence(); }
 // swap the two lanes of every pair: (x0,x1,x2,x3..) -> (x1,x0,x3,x2..)
 inline V vswap_pairs(V a) { return {_mm256_permute_ps(a.v, 0xB1)}; }
@@ -340,13 +334,17 @@ inline V vwiden(const bf16*, H h) { return {_mm512_castsi512_ps(_mm512_slli_epi3
 template <class T> inline void vstore(T* p, H h) { _mm256_storeu_si256((__m256i*)p, h.v); }
 template <class T> inline void vstream(T* p, H h) { _mm256_stream_si256((__m256i*)p, h.v); }
 inline void vstore(float* p, V v) { _mm512_storeu_ps(p, v.v); }
-inline void vstore(f16* p, V v) { vstore(p, vpack16(p, v)); }
-inline void vstore(bf16* p, V v) { vstore(p, vpack16(p, v)); }
 inline void vstream(float* p, V v) { _mm512_stream_ps(p, v.v); }
-inline void vstream(f16* p, V v) { vstream(p, vpack16(p, v)); }
-inline void vstream(bf16* p, V v) { vstream(p, vpack16(p, v)); }
 inline void stream_fence() { _mm_sfence(); }
 inline V vswap_pairs(V a) { return {_mm512_permute_ps(a.v, 0xB1)}; }
+#endif
+
+// Every variant's 16-bit stores: the conversion (vpack16), then the bits' store.
+inline void vstore(f16* p, V v) { vstore(p, vpack16(p, v)); }
+inline void vstore(bf16* p, V v) { vstore(p, vpack16(p, v)); }
+#if TO_ISA >= 1
+inline void vstream(f16* p, V v) { vstream(p, vpack16(p, v)); }
+inline void vstream(bf16* p, V v) { vstream(p, vpack16(p, v)); }
 #endif
 
 // W lanes of a 16-bit T copied as bits, no conversion (norm.cpp: res_out from the fused add's
