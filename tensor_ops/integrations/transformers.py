@@ -37,12 +37,11 @@ Example (tiny random Llama, no download)::
 """
 from __future__ import annotations
 
-import weakref
-
 import functools
 import inspect
 import logging
 import types
+import weakref
 from dataclasses import dataclass, field
 
 import torch
