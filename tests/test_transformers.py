@@ -143,6 +143,27 @@ def test_rope_with_per_sequence_positions():
                                    rtol=1e-5, atol=1e-5)
 
 
+def test_patched_model_compiles_and_undo_forgets_its_modules():
+    """torch.compile of a patched model: the patched functions' globals are modules of their own
+    in sys.modules (dynamo looks an inlined function's globals up as its module's attributes;
+    with a copied dict it met HF's originals and raised InternalTorchDynamoError), the rewritten
+    decoder layer's add_norm is in the layer's module. undo() takes the modules away again."""
+    import sys
+    m = tiny("llama")
+    ref_model = copy.deepcopy(m)
+    before = {n for n in sys.modules if n.startswith("_tensor_ops_patched_")}
+    patched = to_hf.apply(m)
+    ours = {n for n in sys.modules if n.startswith("_tensor_ops_patched_")} - before
+    assert ours                                     # one per patched attention (and its eager function)
+    ids = _ids(6, batch=3)
+    with torch.no_grad():
+        want = ref_model(ids).logits
+        torch.testing.assert_close(torch.compile(m)(ids).logits, want, rtol=1e-5, atol=1e-5)
+    torch._dynamo.reset()
+    patched.undo()
+    assert not ours & set(sys.modules)
+
+
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
 def test_16bit_rope_tables_are_converted_once_and_exactly(dtype):
     """A 16-bit model's position embeddings: converted to float32 once per forward (so rope

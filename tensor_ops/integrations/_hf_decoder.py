@@ -65,7 +65,10 @@ def _rewrite(inner):
     for m in reversed(hits):
         line = f"{m['ind']}hidden_states, residual = _tensor_ops_add_norm(self.{m['norm']}, hidden_states, residual)\n"
         src = src[:m.start()] + line + src[m.end():]
-    glb = dict(inner.__globals__)
+    # The function's own module globals, with add_norm among them: torch.compile resolves an
+    # inlined function's globals as attributes of the module its __name__ names, so a copied
+    # dict holding one more name failed there ("module ... has no attribute").
+    glb = inner.__globals__
     glb["_tensor_ops_add_norm"] = add_norm
     ns: dict = {}
     exec(compile(src, f"<tensor_ops: {inner.__qualname__} with add_rms_norm>", "exec"), glb, ns)

@@ -39,7 +39,9 @@ from __future__ import annotations
 
 import functools
 import inspect
+import itertools
 import logging
+import sys
 import types
 import weakref
 from dataclasses import dataclass, field
@@ -55,6 +57,7 @@ log = logging.getLogger("tensor_ops")
 #: the architectures this is tested on (others with the same module structure are patched too)
 SUPPORTED = ("llama", "mistral", "qwen2", "qwen3", "gemma", "gemma2", "gemma3", "gemma3_text")
 _ROPE = "apply_rotary_pos_emb"
+_PATCHED = itertools.count()   # the patched functions' own modules (_with_globals)
 
 
 @dataclass
@@ -200,12 +203,25 @@ def _inner(fn):
     return fn
 
 
-def _with_globals(fn, **new):
+def _with_globals(fn, new: dict, modules: list):
     """A copy of function ``fn`` whose module globals are overridden by ``new`` (only there);
-    a decorated ``fn`` keeps its decorators around a copy of the inner function."""
+    a decorated ``fn`` keeps its decorators around a copy of the inner function.
+
+    The copy's globals are the ``__dict__`` of a module of their own, registered in
+    ``sys.modules`` under its ``__name__`` (appended to ``modules``, for undo): torch.compile
+    looks up an inlined function's globals as attributes of the module its globals'
+    ``__name__`` names, so a plain copied dict (HF's module name, our names in it) met HF's
+    originals there - a guard on the unpatched ``apply_rotary_pos_emb`` and an
+    InternalTorchDynamoError."""
     inner = _inner(fn)
-    g = dict(inner.__globals__)
+    name = f"_tensor_ops_patched_{next(_PATCHED)}_" + str(inner.__globals__.get("__name__", "")).replace(".", "_")
+    module = types.ModuleType(name)
+    g = module.__dict__
+    g.update(inner.__globals__)
     g.update(new)
+    g["__name__"] = name
+    sys.modules[name] = module
+    modules.append(name)
     out = types.FunctionType(inner.__code__, g, inner.__name__, inner.__defaults__, inner.__closure__)
     out.__kwdefaults__ = inner.__kwdefaults__
     out.__qualname__ = inner.__qualname__
@@ -250,22 +266,23 @@ def _functional(backend):
 def _patch_attention(mod, path: str, rep: Patched, backend, rope: bool, softmax: bool) -> None:
     fn = type(mod).forward
     glb = _inner(fn).__globals__
-    new = {}
+    new: dict = {}
+    modules: list = []
     if rope:
         new[_ROPE] = functools.partial(apply_rotary_pos_emb, original=glb[_ROPE], backend=backend)
     eager = glb.get("eager_attention_forward")
     if softmax and callable(eager) and getattr(eager, "__code__", None) is not None and "nn" in eager.__code__.co_names:
-        new["eager_attention_forward"] = _with_globals(eager, nn=_functional(backend))
+        new["eager_attention_forward"] = _with_globals(eager, {"nn": _functional(backend)}, modules)
         if backend is None and _hf_attention.standard_eager(eager):   # scale+mask+softmax+cast: one pass
             new["eager_attention_forward"] = _hf_attention.fused_eager(new["eager_attention_forward"])
     if not new:
         return
-    mod.forward = types.MethodType(_with_globals(fn, **new), mod)
+    mod.forward = types.MethodType(_with_globals(fn, new, modules), mod)
     if rope:
         rep.replaced["rope"].append(path)
     if "eager_attention_forward" in new:
         rep.replaced["softmax"].append(path)
-    rep._undo.append(lambda: vars(mod).pop("forward", None))
+    rep._undo.append(lambda: (vars(mod).pop("forward", None), [sys.modules.pop(m, None) for m in modules]))
 
 
 def apply_rotary_pos_emb(q, k, cos, sin, unsqueeze_dim=1, *, original=None, backend=None):
@@ -312,8 +329,9 @@ def _tables(cos, sin):
       took 3-4x HF's own time. Rows that are all equal give (1, T, D) (a copy of the first:
       a view would keep the originals alive), and q and k take one call each.
 
-    Tables that require grad or live elsewhere are left as they are."""
-    if not cos.is_cpu or cos.requires_grad or sin.requires_grad or \
+    Tables that require grad or live elsewhere are left as they are, and so are all under
+    torch.compile (a cache kept in Python state is not something to trace)."""
+    if not cos.is_cpu or cos.requires_grad or sin.requires_grad or torch.compiler.is_compiling() or \
             (cos.dtype == torch.float32 and cos.shape[0] == 1):
         return cos, sin
     versions = (cos._version, sin._version)
