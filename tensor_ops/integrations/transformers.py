@@ -326,7 +326,7 @@ def _tables(cos, sin):
     * one table for the batch: HF expands ``position_ids`` to (B, T), so a batch has B
       tables even when every sequence has the same positions (no padding), and B rope calls
       for q and B for k per layer plus a stack of each; a batched decode step (B = 8)
-      took 3-4x HF's own time. Rows that are all equal give (1, T, D) (a copy of the first:
+      took 2-3.4x HF's own time. Rows that are all equal give (1, T, D) (a copy of the first:
       a view would keep the originals alive), and q and k take one call each.
 
     Tables that require grad or live elsewhere are left as they are, and so are all under
