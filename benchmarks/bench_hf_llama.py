@@ -133,6 +133,9 @@ def main(argv=None) -> int:
     p.add_argument("--dtypes", default="float32,bfloat16")
     p.add_argument("--json")
     a = p.parse_args(argv)
+    for name in ("rounds", "profile_rounds"):
+        if getattr(a, name) < 1:  # the medians need one call per model; the split one profiled call
+            p.error(f"--{name.replace('_', '-')}: got {getattr(a, name)}; it must be at least 1")
     shape = dict(hidden=256, layers=2, seq=128, batch=2, vocab=1024) if a.quick else \
         dict(hidden=1024, layers=4, seq=512, batch=4, vocab=4096)
     res = []

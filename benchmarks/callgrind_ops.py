@@ -249,19 +249,27 @@ def step(args) -> None:
 
 def ceiling(args) -> None:
     """The memory side: GB/s of ``_cpp.stream_copy`` (8192x4096 float32 into a second array:
-    128 MiB read + 128 MiB written, the kernels' threads), timed by the engine's
-    ``time_rounds`` (``--reps`` rounds): the median and the best."""
+    128 MiB read + 128 MiB written, the kernels' threads) in each layout the engine chooses
+    from (linear, ``pages=4``) and of a one-thread ``np.copyto`` (glibc memcpy), timed side by
+    side by the engine's ``time_rounds`` (``--reps`` rounds): medians, best, and each row's
+    speed as the median per-round ratio to the linear copy."""
     import numpy as np
 
     from tensor_ops import _cpp
     from tensor_ops._bench import stats, time_rounds
+    from tensor_ops._bench_ceiling import PAGES
 
     src = np.ones((8192, COLS), np.float32)
     dst = np.zeros_like(src)
-    st = stats(time_rounds({"copy": lambda: _cpp.stream_copy(src, dst)}, 0, min_rounds=args.reps), 2 * src.nbytes)
-    s = st["copy"]
-    print(f"stream_copy 8192x{COLS} float32, {_cpp.get_num_threads()} threads: median {s['median_s'] * 1e3:.2f} ms = "
-          f"{s['gbps']:.1f} GB/s, best {2 * src.nbytes / s['best_s'] / 1e9:.1f} GB/s ({s['reps']} rounds)")
+    fns = {f"stream_copy pages={p}": (lambda p=p: _cpp.stream_copy(src, dst, p)) for p in PAGES}
+    fns["np.copyto (1 thread)"] = lambda: np.copyto(dst, src)
+    st = stats(time_rounds(fns, 0, min_rounds=args.reps), 2 * src.nbytes)
+    first = next(iter(fns))
+    print(f"8192x{COLS} float32, {_cpp.get_num_threads()} threads, {args.reps} rounds:")
+    for k, s in st.items():
+        vs = s["vs"].get(first)
+        print(f"  {k:<22} median {s['median_s'] * 1e3:7.2f} ms = {s['gbps']:5.1f} GB/s, best "
+              f"{2 * src.nbytes / s['best_s'] / 1e9:5.1f} GB/s" + (f", {vs:.2f}x the speed of {first}" if vs else ""))
 
 
 def incache(args) -> None:

@@ -87,9 +87,13 @@ char* raw_bytes(const py::object& a, const char* name, bool writable, int64_t& n
 
 // dst[:] = src[:] byte for byte, with non-temporal stores (the variant's stream_copy
 // kernel), split over the set_num_threads() threads above the usual threshold. The pieces
-// are dst's 4 KiB pages (the first and last may be partial), so only the first and last
-// piece have an unaligned head or tail.
-void stream_copy(const py::object& src_, const py::object& dst_) {
+// are blocks of `pages` of dst's 4 KiB pages (the first and last may be partial), so only
+// the first and last piece have an unaligned head or tail; pages > 1 copies each block a
+// piece of every page in turn (common.cpp says why).
+void stream_copy(const py::object& src_, const py::object& dst_, int pages) {
+    if (pages < 1 || pages > 16)
+        throw py::value_error("pages must be an int in [1, 16] (consecutive 4 KiB pages copied together), got " +
+                              std::to_string(pages));
     int64_t ns, nd;
     const char* src = raw_bytes(src_, "src", false, ns);
     char* dst = raw_bytes(dst_, "dst", true, nd);
@@ -99,19 +103,19 @@ void stream_copy(const py::object& src_, const py::object& dst_) {
     const int64_t n = ns;
     if (n == 0 || src == dst) return;
     if (src < dst + n && dst < src + n) shape_error("src and dst overlap; stream_copy needs separate buffers");
-    constexpr int64_t PAGE = 4096;
-    int64_t first = (int64_t)((PAGE - (uintptr_t)dst % PAGE) % PAGE);  // bytes before dst's first page boundary
+    const int64_t BLOCK = 4096 * (int64_t)pages;
+    int64_t first = (int64_t)((4096 - (uintptr_t)dst % 4096) % 4096);  // bytes before dst's first page boundary
     if (first > n) first = n;
-    const int64_t units = (first ? 1 : 0) + (n - first + PAGE - 1) / PAGE;
+    const int64_t units = (first ? 1 : 0) + (n - first + BLOCK - 1) / BLOCK;
     auto at = [&](int64_t u) -> int64_t {  // start of piece u
-        const int64_t p = first ? (u == 0 ? 0 : first + (u - 1) * PAGE) : u * PAGE;
+        const int64_t p = first ? (u == 0 ? 0 : first + (u - 1) * BLOCK) : u * BLOCK;
         return p < n ? p : n;
     };
     auto k = g_k->stream_copy;
     py::gil_scoped_release nogil;
     parallel_units(units, threads_for(2 * n, units), [&](int64_t b, int64_t e, int) {
         const int64_t lo = at(b), hi = at(e);
-        k(src + lo, dst + lo, hi - lo);
+        k(src + lo, dst + lo, hi - lo, pages);
     });
 }
 
@@ -140,8 +144,9 @@ void register_runtime(py::module_& m) {
             if (cap_bytes >= 0) empty_cache();
         },
         "cap_bytes"_a = -1, "min_bytes"_a = -1);
-    m.def("stream_copy", &stream_copy, "src"_a, "dst"_a,
-          "dst[:] = src[:] byte for byte with non-temporal stores (C-contiguous arrays of equal nbytes).");
+    m.def("stream_copy", &stream_copy, "src"_a, "dst"_a, "pages"_a = 1,
+          "dst[:] = src[:] byte for byte with non-temporal stores (C-contiguous arrays of equal nbytes); "
+          "pages > 1 copies blocks of that many 4 KiB pages a piece of each in turn.");
 }
 
 }  // namespace to

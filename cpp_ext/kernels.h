@@ -121,8 +121,9 @@ struct KernelTable {
     // dx = dy * gelu'(x), exact (erf) GELU, flat.
     void (*gelu_erf_bwd[DT_COUNT])(const void* dy, const void* x, void* dx, int64_t count, bool nt);
     // dst[0, n) = src[0, n) (bytes) with non-temporal stores where the ISA has them, then a
-    // store fence (common.cpp). Any alignment; the ranges must not overlap.
-    void (*stream_copy)(const void* src, void* dst, int64_t nbytes);
+    // store fence (common.cpp). Any alignment; the ranges must not overlap. pages > 1: in
+    // blocks of that many 4 KiB pages copied a piece of each in turn.
+    void (*stream_copy)(const void* src, void* dst, int64_t nbytes, int pages);
 };
 
 // One per compiled variant (defined only if that variant was built).

@@ -177,13 +177,15 @@ def empty_cache() -> int:
     """Free every cached output block (arrays still alive keep theirs); returns the bytes freed."""
 def _set_cache(cap_bytes: int = -1, min_bytes: int = -1) -> None:
     """Test/benchmark hook: set the cache cap (also empties the cache) / the minimum size."""
-def stream_copy(src: _Arr, dst: _Arr) -> None:
+def stream_copy(src: _Arr, dst: _Arr, pages: int = 1) -> None:
     """dst = src byte for byte: C-contiguous arrays of any dtype (no object dtypes) with the
     same nbytes, any alignment, not overlapping (the same buffer is a no-op). Non-temporal
     stores (AVX-512 / AVX2; memcpy in the scalar variant), the GIL released, split over
     set_num_threads() threads above the usual threshold: the memory ceiling the benchmark
-    engine times kernels against. ValueError for different sizes (both named), a read-only
-    or non-contiguous array, overlap; TypeError for a non-ndarray or an object dtype."""
+    engine times kernels against. ``pages`` > 1 (at most 16) copies blocks of that many
+    4 KiB pages 128 bytes of each in turn (glibc's large-copy pattern; faster on some
+    hosts). ValueError for different sizes (both named), a read-only or non-contiguous
+    array, overlap, pages outside [1, 16]; TypeError for a non-ndarray or an object dtype."""
 
 # ---- the facade's plain-call entries (tensor_ops/_facade.py) ------------------------------
 # METH_FASTCALL functions, positional only. Each takes the facade op's arguments without

@@ -267,25 +267,52 @@ def test_ceiling_falls_back_to_a_labelled_memcpy(monkeypatch):
 def test_ceiling_streams_the_ops_own_pages_when_stream_copy_exists(monkeypatch):
     seen = []
 
-    def stand_in(src, dst):               # a local stand-in for tensor_ops._cpp.stream_copy
+    def stand_in(src, dst, pages=1):      # a local stand-in for tensor_ops._cpp.stream_copy
         assert src.flags.c_contiguous and dst.flags.c_contiguous and src.nbytes == dst.nbytes
-        seen.append((src, dst))
+        seen.append((src, dst, pages))
         np.copyto(dst, src)
     monkeypatch.setattr(_bench_ceiling, "stream_copy_fn", lambda: stand_in)
+    monkeypatch.setattr(_bench_ceiling, "_LAYOUT", {})
     case = _bench.bench_case("rope", "float16", 32, 1024)          # x (8, 32, 128) fp16 + two (32, 128) fp32 tables
     assert case.bytes_moved == 2 * case.x.nbytes + 2 * 32 * 128 * 4
     fn, kind, label = _bench.ceiling_copy(case.reads, case.bytes_moved // 2)
     assert kind == "stream" and label.startswith("streaming-store copy of the op's pages")
+    # 64 KiB of x: both layouts were timed (a warm-up and PROBE_CALLS calls each) to pick one
+    assert sorted({p for *_, p in seen}) == list(_bench_ceiling.PAGES)
+    assert len(seen) == 2 * len(_bench_ceiling.PAGES) * (_bench_ceiling.PROBE_CALLS + 1)
+    seen.clear()
     fn()
-    assert sum(s.nbytes for s, _ in seen) == case.bytes_moved // 2         # moves exactly the op's bytes
+    assert len({p for *_, p in seen}) == 1 and ("pages at a time" in label) == (seen[0][2] > 1)
+    assert sum(s.nbytes for s, *_ in seen) == case.bytes_moved // 2        # moves exactly the op's bytes
     assert np.shares_memory(seen[0][0], case.x) and np.shares_memory(seen[1][0], case.args[0])
     assert np.array_equal(seen[0][1], case.x.reshape(-1).view(np.uint8))
     impls = [i for i in _bench.facade_impls(["rope"]) if i.backend == "numpy"]
     rows = _bench.measure_case(case, 32, impls, budget_s=0, min_rounds=2, memcpy=True)
     by = {r["col"]: r for r in rows}
     assert set(by) == {"numpy", "ceiling", "memcpy"}
-    assert by["memcpy"]["label"].startswith("memcpy (") and by["numpy"]["ceiling"] == label
+    assert by["memcpy"]["label"].startswith("memcpy (") and by["numpy"]["ceiling"] == label  # the same size: no probe
     assert by["numpy"]["x_ceiling"] > 0 and "memcpy" in by["numpy"]["vs"]
+
+
+@pytest.mark.parametrize("slow", [1, 4])
+def test_ceiling_keeps_the_faster_stream_copy_layout(monkeypatch, slow):
+    clock = [0.0]                         # a fake clock: each copy advances it by its layout's cost
+
+    def stand_in(src, dst, pages=1):
+        clock[0] += 3.0 if pages == slow else 1.0
+        np.copyto(dst, src)
+    monkeypatch.setattr(_bench_ceiling, "_clock", lambda: clock[0])
+    monkeypatch.setattr(_bench_ceiling, "stream_copy_fn", lambda: stand_in)
+    monkeypatch.setattr(_bench_ceiling, "_LAYOUT", {})
+    x = np.ones((64, 1024), np.float32)   # 256 KiB: room for 4-page blocks
+    fn, kind, label = _bench.ceiling_copy([x], x.nbytes)
+    assert kind == "stream" and ("4 pages at a time" in label) == (slow == 1)
+    clock[0] = 0.0                        # a size within 2x takes the choice made: no second probe
+    y = np.ones((96, 1024), np.float32)
+    assert _bench.ceiling_copy([y], y.nbytes)[2] == label and clock[0] == 0.0
+    small = np.ones(1000, np.float32)     # under two 4-page blocks: the linear copy, no probe
+    clock[0] = 0.0
+    assert "pages at a time" not in _bench.ceiling_copy([small], small.nbytes)[2] and clock[0] == 0.0
 
 
 def test_bytes_moved_counts_the_big_tensors():

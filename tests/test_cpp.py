@@ -730,12 +730,14 @@ def _bytes_view(buf: np.ndarray, offset: int, n: int) -> np.ndarray:
 
 
 # 0, 1, 63 (all head/tail, no vector), 4097 and odd sizes (a body with a tail), 3 MiB + 5
-# (above the threading threshold: pieces on 2 threads)
+# (above the threading threshold: pieces on 2 threads); pages 4 and 3: blocks of pages copied
+# a piece of each in turn (100_003 B holds whole blocks and a linear tail)
+@pytest.mark.parametrize("pages", [1, 3, 4], ids=lambda p: f"pages{p}")
 @pytest.mark.parametrize("n", [0, 1, 63, 64, 65, 129, 4097, 100_003, (3 << 20) + 5],
                          ids=lambda n: f"{n}B")
 @pytest.mark.parametrize("src_off,dst_off", [(0, 0), (1, 0), (0, 1), (3, 7), (13, 13)],
                          ids=["aligned", "src+1", "dst+1", "src+3,dst+7", "both+13"])
-def test_stream_copy_bytes(C, n, src_off, dst_off):
+def test_stream_copy_bytes(C, n, src_off, dst_off, pages):
     rng = np.random.default_rng(n + 31 * src_off + dst_off)
     sbuf = rng.integers(0, 256, n + 128, dtype=np.uint8)
     dbuf = np.zeros(n + 128, np.uint8)
@@ -744,7 +746,7 @@ def test_stream_copy_bytes(C, n, src_off, dst_off):
     nt = C.get_num_threads()
     try:
         C.set_num_threads(2)
-        assert C.stream_copy(src, dst) is None
+        assert C.stream_copy(src, dst, pages) is None
     finally:
         C.set_num_threads(nt)
     np.testing.assert_array_equal(dst, src)
@@ -801,6 +803,11 @@ def test_stream_copy_refusals(C):
         C.stream_copy(x[:50], x[25:75])
     C.stream_copy(x, x)  # the very same bytes: nothing to do
     np.testing.assert_array_equal(x, np.arange(100, dtype=np.float32))
+    d = np.zeros(10, np.float32)
+    for bad in (0, 17, -4):
+        with pytest.raises(ValueError, match=rf"pages must be an int in \[1, 16\].*got {bad}"):
+            C.stream_copy(a + 1, d, bad)
+        assert not d.any()  # refused before a byte was written
 
 
 # ---------------------------------------------------------------------------- tex kernels
