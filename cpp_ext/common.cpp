@@ -16,12 +16,12 @@ namespace {
 //
 // pages > 1: the body goes in blocks of that many consecutive 4 KiB pages, 128 bytes of
 // each page in turn (glibc's large-copy pattern: several DRAM pages open at once). On an
-// Intel Cascade Lake VM (2026-11-28, standalone, 2 threads) 4 pages so moved 1.35x the
-// bytes per second of the linear loop below and 1.0-1.1x glibc's memcpy (~1.1x the linear
-// loop inside the benchmark engine); which is faster depends on the host, so the engine
-// times both and holds kernels to the faster (_bench_ceiling.py). Its vectors are 256-bit
-// in every variant, one body for both: on that host they were as fast as 512-bit ones here,
-// and 1.1x faster than one 512-bit vector per 64-byte step.
+// Intel Cascade Lake VM (2026-11-28, standalone, 2 threads) 4 pages so moved 1.27-1.36x
+// the bytes per second of the linear loop below and 1.0-1.1x glibc's memcpy (~1.1x the
+// linear loop inside the benchmark engine); which is faster depends on the host, so the
+// engine times both and holds kernels to the faster (_bench_ceiling.py). Its vectors are
+// 256-bit in every variant, one body for both: on that host the same 128-byte turns with
+// 512-bit vectors ran 1.22-1.23x the linear loop (256-byte turns: 1.36-1.38x either way).
 void stream_copy_k(const void* sv, void* dv, int64_t n, int pages) {
     const char* s = (const char*)sv;
     char* d = (char*)dv;

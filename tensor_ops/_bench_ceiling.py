@@ -11,7 +11,7 @@ on the device (``Tensor.copy_``).
 
 ``stream_copy`` copies either linearly or a block of 4 pages at a time, 128 bytes of each in
 turn (``pages=4``, glibc's large-copy pattern). Which is faster depends on the host: on an
-Intel Cascade Lake VM (2026-11-28) the 4-page copy moved 1.35x the linear one's bytes per
+Intel Cascade Lake VM (2026-11-28) the 4-page copy moved 1.27-1.36x the linear one's bytes per
 second standalone (1.0-1.1x memcpy's) and ~1.1x in the engine, so holding kernels to the
 linear copy there overstated every ratio. :func:`ceiling_copy` times both on the op's
 pages and keeps the faster, named in its label; the choice holds for sizes within 2x (one
