@@ -4,6 +4,7 @@
 // (alloc.h), releases the GIL and runs the selected variant's kernel over rows (or flat
 // chunks) split across OpenMP threads above a size threshold (runtime.h).
 #include <algorithm>
+#include <cstring>
 #include <pybind11/pybind11.h>
 
 #include <initializer_list>
@@ -28,12 +29,29 @@ namespace {
 // lines (two-pass rms_norm, 1 thread, 4096 x 4096 fp32: 0.86 -> 0.50 of the streaming copy
 // in a standalone loop). A (1, 4096) call keeps the caller's arrays: the copy would cost
 // more than the misaligned loads.
+// An fp16 weight without zero-centred gamma stays fp16 (w16; copied only to align it): the
+// kernel widens it per vector, and a 4096-wide weight and bias take 16 KiB of L1 instead of 32
+// beside the rows (norm.cpp with_w: why not bf16). Exact either way: the fp32 conversion of a
+// 16-bit value is exact.
 struct NormParams {
-    const float* w = nullptr;
-    const float* b = nullptr;
+    const void* w = nullptr;
+    const void* b = nullptr;
+    bool w16 = false;
     std::optional<Scratch> buf;  // 64-byte aligned (runtime.h)
     NormParams(const Arr& wa, const char* bias, int dt, int64_t n, bool zc, bool big) {
         auto off = [](const void* p) { return (uintptr_t)p % 64 != 0; };
+        if (dt == DT_F16 && !zc) {
+            w16 = true;
+            w = wa.data;
+            b = bias;
+            const bool cw = big && off(wa.data), cb = bias && big && off(bias);
+            const int64_t stride = (n + 31) / 32 * 32;  // halves: the bias row 64-byte aligned too
+            char* base = nullptr;
+            if (cw || cb) base = (char*)buf.emplace((size_t)stride, wa.data).get();  // 2 rows of halves
+            if (cw) w = std::memcpy(base, wa.data, (size_t)n * 2);
+            if (cb) b = std::memcpy(base + stride * 2, bias, (size_t)n * 2);
+            return;
+        }
         const bool cw = dt != DT_F32 || zc || (big && off(wa.data));
         const bool cb = bias && (dt != DT_F32 || (big && off(bias)));
         const int64_t stride = (n + 15) / 16 * 16;  // keeps the bias row 64-byte aligned too
@@ -90,7 +108,7 @@ py::object rms_norm(const py::object& x_, const py::object& w_, float eps, const
     const bool nt = use_nt(bytes);
     py::gil_scoped_release nogil;
     parallel_units(rows, threads_for(2 * bytes, rows), [&](int64_t b, int64_t e, int) {
-        k(x.data + b * n * es, np.w, o.data + b * n * es, e - b, n, eps, rs ? rs + b : nullptr, nt);
+        k(x.data + b * n * es, np.w, o.data + b * n * es, e - b, n, eps, rs ? rs + b : nullptr, nt, np.w16);
     });
     return res;
 }
@@ -121,7 +139,7 @@ py::object layer_norm(const py::object& x_, const py::object& w_, const py::obje
     py::gil_scoped_release nogil;
     parallel_units(rows, threads_for(2 * bytes, rows), [&](int64_t b, int64_t e, int) {
         k(x.data + b * n * es, np.w, np.b, o.data + b * n * es, e - b, n, eps, mu ? mu + b : nullptr,
-          rs ? rs + b : nullptr, nt);
+          rs ? rs + b : nullptr, nt, np.w16);
     });
     return res;
 }
@@ -166,10 +184,10 @@ py::tuple add_norm(bool layer, const py::object& x_, const py::object& r_, const
             float* s = sc + (size_t)t * per;
             if (layer)
                 g_k->add_layer_norm[x.dt](x.data + off, r.data + off, np.w, np.b, o.data + off, ro.data + off, e - b, n,
-                                          eps, s, nt);
+                                          eps, s, nt, np.w16);
             else
                 g_k->add_rms_norm[x.dt](x.data + off, r.data + off, np.w, o.data + off, ro.data + off, e - b, n, eps, s,
-                                        nt);
+                                        nt, np.w16);
         });
     }
     return py::make_tuple(res, rres);

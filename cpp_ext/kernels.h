@@ -46,21 +46,22 @@ struct KernelTable {
     const char* isa;
     int width;  // fp32 lanes
     // y = x * rsigma * w; rsigma (float, per row) written when non-null. The weights (and
-    // bias) are fp32 whatever x's dtype, zero-centred gamma's +1 already added: the binding
-    // converts them once per call (bind_facade.cpp NormParams).
-    void (*rms_norm[DT_COUNT])(const void* x, const float* w, void* y, int64_t rows, int64_t n,
-                               float eps, float* rsigma, bool nt);
+    // bias) are fp32, zero-centred gamma's +1 already added (the binding converts them once per
+    // call, bind_facade.cpp NormParams), or with w16 in x's own 16-bit dtype, read as they are.
+    void (*rms_norm[DT_COUNT])(const void* x, const void* w, void* y, int64_t rows, int64_t n,
+                               float eps, float* rsigma, bool nt, bool w16);
     // b may be null (no bias); mu/rsigma written when non-null.
-    void (*layer_norm[DT_COUNT])(const void* x, const float* w, const float* b, void* y, int64_t rows,
-                                 int64_t n, float eps, float* mu, float* rsigma, bool nt);
+    void (*layer_norm[DT_COUNT])(const void* x, const void* w, const void* b, void* y, int64_t rows,
+                                 int64_t n, float eps, float* mu, float* rsigma, bool nt, bool w16);
     // Fused residual add: s = x + r (rounded to x's dtype, like adding in that dtype), written
     // to res_out, and y = norm(s). res_out may be r and y may be x (exactly; row by row every
     // input row is read before its outputs are written). scratch: fused_add_scratch(n) floats
     // per thread (below).
-    void (*add_rms_norm[DT_COUNT])(const void* x, const void* r, const float* w, void* y, void* res_out,
-                                   int64_t rows, int64_t n, float eps, float* scratch, bool nt);
-    void (*add_layer_norm[DT_COUNT])(const void* x, const void* r, const float* w, const float* b, void* y,
-                                     void* res_out, int64_t rows, int64_t n, float eps, float* scratch, bool nt);
+    void (*add_rms_norm[DT_COUNT])(const void* x, const void* r, const void* w, void* y, void* res_out,
+                                   int64_t rows, int64_t n, float eps, float* scratch, bool nt, bool w16);
+    void (*add_layer_norm[DT_COUNT])(const void* x, const void* r, const void* w, const void* b, void* y,
+                                     void* res_out, int64_t rows, int64_t n, float eps, float* scratch, bool nt,
+                                     bool w16);
     // scratch: n floats (per thread).
     void (*softmax[DT_COUNT])(const void* x, void* y, int64_t rows, int64_t n, float* scratch, bool nt);
     void (*unary[DT_COUNT][UN_COUNT])(const void* x, void* y, int64_t count, bool nt);

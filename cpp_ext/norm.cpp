@@ -10,14 +10,15 @@
 #include "variant.h"
 
 #include <cmath>
+#include <type_traits>
 
 namespace to {
 namespace TO_NS {
 namespace {
 
 // One row of layer_norm in double, for rows whose fp32 statistics overflowed.
-template <class T, class TX>
-void layer_norm_row_f64(const TX* xr, const float* w, const float* b, T* yr, int64_t n, float eps, float* mu,
+template <class T, class TX, class TW>
+void layer_norm_row_f64(const TX* xr, const TW* w, const TW* b, T* yr, int64_t n, float eps, float* mu,
                         float* rsigma) {
     double sum = 0.0;
     for (int64_t i = 0; i < n; ++i) sum += (double)to_f32(xr[i]);
@@ -31,8 +32,8 @@ void layer_norm_row_f64(const TX* xr, const float* w, const float* b, T* yr, int
     if (mu) *mu = (float)mean;
     if (rsigma) *rsigma = (float)rs;
     for (int64_t i = 0; i < n; ++i) {
-        double v = ((double)to_f32(xr[i]) - mean) * rs * (double)w[i];
-        if (b) v += (double)b[i];
+        double v = ((double)to_f32(xr[i]) - mean) * rs * (double)to_f32(w[i]);
+        if (b) v += (double)to_f32(b[i]);
         put(yr + i, (float)v);
     }
 }
@@ -40,8 +41,8 @@ void layer_norm_row_f64(const TX* xr, const float* w, const float* b, T* yr, int
 // One row of rms_norm in double, for rows whose fp32 sum of squares overflowed (|x| >
 // ~1.8e19 on finite input): finite input never turns into 0. Rows holding inf/NaN come out
 // as the fp32 formula makes them (x * 0 or NaN), the double sum being inf/NaN too.
-template <class T, class TX>
-void rms_norm_row_f64(const TX* xr, const float* w, T* yr, int64_t n, float eps, float* rsigma) {
+template <class T, class TX, class TW>
+void rms_norm_row_f64(const TX* xr, const TW* w, T* yr, int64_t n, float eps, float* rsigma) {
     double ss = 0.0;
     for (int64_t i = 0; i < n; ++i) {
         const double v = (double)to_f32(xr[i]);
@@ -49,7 +50,7 @@ void rms_norm_row_f64(const TX* xr, const float* w, T* yr, int64_t n, float eps,
     }
     const double rs = 1.0 / std::sqrt(ss / (double)n + (double)eps);
     if (rsigma) *rsigma = (float)rs;
-    for (int64_t i = 0; i < n; ++i) put(yr + i, (float)((double)to_f32(xr[i]) * rs * (double)w[i]));
+    for (int64_t i = 0; i < n; ++i) put(yr + i, (float)((double)to_f32(xr[i]) * rs * (double)to_f32(w[i])));
 }
 
 inline float rsqrt_of(double ss, int64_t n, float eps) { return (float)(1.0 / std::sqrt(ss / (double)n + (double)eps)); }
@@ -64,9 +65,8 @@ inline float rsqrt_of(double ss, int64_t n, float eps) { return (float)(1.0 / st
 // which costs where the host's bandwidth outruns the core). layer_norm likewise, once its
 // statistics take one pass (below). RowSum adds in one order whoever steps it: the output
 // is bitwise the unpipelined one (CONTRIBUTING "Rows pipelined").
-template <class T>
-void rms_norm_k(const void* xv, const float* w, void* yv, int64_t rows, int64_t n, float eps, float* rsigma,
-                bool nt) {
+template <class T, class TW>
+void rms_norm_t(const void* xv, const TW* w, void* yv, int64_t rows, int64_t n, float eps, float* rsigma, bool nt) {
     const T* x = (const T*)xv;
     T* y = (T*)yv;
     double ss = rows > 0 ? row_sumsq(x, n) : 0.0;
@@ -92,8 +92,8 @@ void rms_norm_k(const void* xv, const float* w, void* yv, int64_t rows, int64_t 
 
 // y = (x - mean) * rs * w (+ b) from a row in cache: the row's (full, part) generators handed
 // to `sink`, so layer_norm's write_row and the fused add's two-output write share them.
-template <class TX, class Sink>
-inline void ln_row(const TX* xr, const float* w, const float* b, float mean, float rs, const Sink& sink) {
+template <class TX, class TW, class Sink>
+inline void ln_row(const TX* xr, const TW* w, const TW* b, float mean, float rs, const Sink& sink) {
     const V vm = vset(mean), vrs = vset(rs);
     if (b) {
         sink([&](int64_t i) { return vfma((vload(xr + i) - vm) * vrs, vload(w + i), vload(b + i)); },
@@ -113,9 +113,9 @@ inline void ln_row(const TX* xr, const float* w, const float* b, float mean, flo
 // fp16 1.14-1.18x, bf16 1.16-1.21x. Pipelining with the two-pass statistics (the centred
 // squares from cache between the sum and the write) measured 0.88-1.00x, the one-pass
 // statistics without pipelining 0.98-1.06x: it takes both (CONTRIBUTING "Rows pipelined").
-template <class T>
-void layer_norm_k(const void* xv, const float* w, const float* b, void* yv, int64_t rows, int64_t n, float eps,
-                  float* mu, float* rsigma, bool nt) {
+template <class T, class TW>
+void layer_norm_t(const void* xv, const TW* w, const TW* b, void* yv, int64_t rows, int64_t n, float eps, float* mu,
+                  float* rsigma, bool nt) {
     const T* x = (const T*)xv;
     T* y = (T*)yv;
     RowMoments<T> m = moments_of(x, n, rows > 0);
@@ -155,10 +155,10 @@ void layer_norm_k(const void* xv, const float* w, const float* b, void* yv, int6
 // ---- fused residual add (vLLM's fused_add_rms_norm) --------------------------------------
 // s = round_T(x + r) into the scratch row: what res_out receives, so the norm sees the stored
 // residual, like an add in T followed by the norm. s goes to e in fp32 (the norm's input) and,
-// for a 16-bit T, to e16 in T (the rounding itself: stored and loaded back), which res_out
-// then copies as bits instead of converting e a second time (add_rms_norm bf16 1.11-1.23x,
-// fp16 1.07-1.20x; ab_builds, AVX2, Zen 3). BlockSum's source; add_into returns the
-// blocked sum (SQ: of squares) of s.
+// for a 16-bit T, to e16 in T (simd.h vround16: the rounded value and its bits from one
+// conversion), which res_out then copies as bits instead of converting e a second time
+// (add_rms_norm bf16 1.11-1.23x, fp16 1.07-1.20x; ab_builds, AVX2, Zen 3), in both the one-pass
+// and the two-pass write. BlockSum's source; add_into returns the blocked sum (SQ: of squares) of s.
 template <class T>
 struct AddSrc {
     const T* x;
@@ -168,19 +168,23 @@ struct AddSrc {
     inline V full(int64_t i) const {
         V v = vload(x + i) + vload(r + i);
         if constexpr (sizeof(T) < 4) {
-            vstore(e16 + i, v);
-            v = vload(e16 + i);
+            H h;
+            v = vround16(x, v, h);
+            vstore(e16 + i, h);
+        } else {
+            vstore(e + i, v);
         }
-        vstore(e + i, v);
         return v;
     }
     inline V part(int64_t i, int64_t k) const {
         V v = ld(x + i, k) + ld(r + i, k);  // padded lanes: 0 + 0
         if constexpr (sizeof(T) < 4) {
-            st(e16 + i, v, k);
-            v = ld(e16 + i, k);
+            H h;
+            v = vround16(x, v, h);
+            vstore_part(e16 + i, h, k);
+        } else {
+            st(e + i, v, k);
         }
-        st(e + i, v, k);
         return v;
     }
 };
@@ -189,6 +193,18 @@ struct AddSrc {
 template <class T>
 inline T* e16_of(float* e, int64_t n) {
     return (T*)(e + fused_add_e16_at(n));
+}
+
+// The row s as the write pass reads it: e (fp32) for fp32, e16's bits for a 16-bit T, widened
+// as they are loaded like any 16-bit input. A 16-bit form kept an fp32 copy too until
+// 2026-11-28: 16 KiB more per 4096-wide row beside x, residual, w and e16 in a 32 KiB L1, one
+// more store per vector, and the loads it saved were a widen each.
+template <class T>
+inline auto s_row(float* e, int64_t n) {
+    if constexpr (sizeof(T) < 4)
+        return (const T*)e16_of<T>(e, n);
+    else
+        return (const float*)e;
 }
 
 template <class T, bool SQ>
@@ -211,9 +227,14 @@ inline void write_pair(T* y, T* o, const float* e, int64_t n, bool nt, const Ful
     const T* e16 = e16_of<T>(const_cast<float*>(e), n);
     if (nt && W > 1 && ((uintptr_t)y % A != (uintptr_t)o % A || (sizeof(T) < 4 && (uintptr_t)y % A))) {
         write_row(y, n, nt, full, part, pfx);
-        write_row(
-            o, n, nt, [&](int64_t i) { return vload(e + i); },
-            [&](int64_t i, int64_t k) { return vload_part(e + i, k, 0.f); }, pfr);
+        if constexpr (sizeof(T) < 4)  // e16's bits, as the one-pass form copies them
+            write_row(
+                o, n, nt, [&](int64_t i) { return vbits16(e16 + i); },
+                [&](int64_t i, int64_t k) { return vbits16_part(e16 + i, k); }, pfr);
+        else
+            write_row(
+                o, n, nt, [&](int64_t i) { return vload(e + i); },
+                [&](int64_t i, int64_t k) { return vload_part(e + i, k, 0.f); }, pfr);
         return;
     }
     if (nt && (n * (int64_t)sizeof(T) + (int64_t)((uintptr_t)o % A)) % (int64_t)A)
@@ -245,25 +266,26 @@ inline void write_pair(T* y, T* o, const float* e, int64_t n, bool nt, const Ful
 // y = e * rs * w (rms) or (e - mean) * rs * w (+ b) (layer) and res_out = e, in one pass.
 // flatten: GCC left the sink lambda out of line (a call per row, its closures reloaded every
 // vector: add_rms_norm fp32 1.98 instructions per element against 1.67 inlined).
-template <class T>
-__attribute__((flatten)) inline void add_norm_write(const float* e, const float* w, const float* b, T* yr, T* orow,
+template <class T, class TW>
+__attribute__((flatten)) inline void add_norm_write(const float* e, const TW* w, const TW* b, T* yr, T* orow,
                                                     int64_t n, float mean, float rs, bool layer, bool nt, Prefetch pfx,
                                                     Prefetch pfr) {
     const auto sink = [&](const auto& full, const auto& part) { write_pair(yr, orow, e, n, nt, full, part, pfx, pfr); };
+    const auto es = s_row<T>(const_cast<float*>(e), n);
     if (layer) {
-        ln_row(e, w, b, mean, rs, sink);
+        ln_row(es, w, b, mean, rs, sink);
     } else {
         const V vrs = vset(rs);
-        sink([&](int64_t i) { return vload(e + i) * vrs * vload(w + i); },
-             [&](int64_t i, int64_t k) { return vload_part(e + i, k, 0.f) * vrs * vload_part(w + i, k, 0.f); });
+        sink([&](int64_t i) { return vload(es + i) * vrs * vload(w + i); },
+             [&](int64_t i, int64_t k) { return vload_part(es + i, k, 0.f) * vrs * vload_part(w + i, k, 0.f); });
     }
 }
 
 // Row by row: x + r from memory into the scratch row (with its statistics), then both outputs
 // from it. y may be x and res_out may be r (the same arrays, vLLM's in-place form): each row
 // of the inputs is read before that row of the outputs is written.
-template <class T>
-void add_rms_norm_k(const void* xv, const void* rv, const float* w, void* yv, void* ov, int64_t rows, int64_t n,
+template <class T, class TW>
+void add_rms_norm_t(const void* xv, const void* rv, const TW* w, void* yv, void* ov, int64_t rows, int64_t n,
                     float eps, float* e, bool nt) {
     const T* x = (const T*)xv;
     const T* rr = (const T*)rv;
@@ -273,23 +295,24 @@ void add_rms_norm_k(const void* xv, const void* rv, const float* w, void* yv, vo
         const T *xr = x + r * n, *rrow = rr + r * n;
         const double ss = add_into<T, true>(xr, rrow, e, n);
         if (!std::isfinite(ss)) {  // as in rms_norm_k: s² overflowed fp32 lanes, this row in double
-            rms_norm_row_f64(e, w, y + r * n, n, eps, nullptr);
+            const auto es = s_row<T>(e, n);
+            rms_norm_row_f64(es, w, y + r * n, n, eps, nullptr);
             write_row(
-                o + r * n, n, nt, [&](int64_t i) { return vload(e + i); },
-                [&](int64_t i, int64_t k) { return vload_part(e + i, k, 0.f); });
+                o + r * n, n, nt, [&](int64_t i) { return vload(es + i); },
+                [&](int64_t i, int64_t k) { return vload_part(es + i, k, 0.f); });
             continue;
         }
         const float rs = rsqrt_of(ss, n, eps);
         const bool more = r + 1 < rows;
-        add_norm_write(e, w, nullptr, y + r * n, o + r * n, n, 0.f, rs, false, nt, next_row(xr, n, more, n),
+        add_norm_write<T, TW>(e, w, nullptr, y + r * n, o + r * n, n, 0.f, rs, false, nt, next_row(xr, n, more, n),
                        next_row(rrow, n, more, n));
     }
     if (nt) stream_fence();
 }
 
-template <class T>
-void add_layer_norm_k(const void* xv, const void* rv, const float* w, const float* b, void* yv, void* ov,
-                      int64_t rows, int64_t n, float eps, float* e, bool nt) {
+template <class T, class TW>
+void add_layer_norm_t(const void* xv, const void* rv, const TW* w, const TW* b, void* yv, void* ov, int64_t rows,
+                      int64_t n, float eps, float* e, bool nt) {
     const T* x = (const T*)xv;
     const T* rr = (const T*)rv;
     T* y = (T*)yv;
@@ -298,18 +321,55 @@ void add_layer_norm_k(const void* xv, const void* rv, const float* w, const floa
         const T *xr = x + r * n, *rrow = rr + r * n;
         const bool more = r + 1 < rows;
         const float mean = (float)(add_into<T, false>(xr, rrow, e, n) / (double)n);
-        const double var = row_sumsq_centered(e, n, mean) / (double)n;
+        const auto es = s_row<T>(e, n);
+        const double var = row_sumsq_centered(es, n, mean) / (double)n;
         if (!std::isfinite(var) || !std::isfinite(mean)) {  // as in layer_norm_k
-            layer_norm_row_f64(e, w, b, y + r * n, n, eps, nullptr, nullptr);
+            layer_norm_row_f64(es, w, b, y + r * n, n, eps, nullptr, nullptr);
             write_row(
-                o + r * n, n, nt, [&](int64_t i) { return vload(e + i); },
-                [&](int64_t i, int64_t k) { return vload_part(e + i, k, 0.f); });
+                o + r * n, n, nt, [&](int64_t i) { return vload(es + i); },
+                [&](int64_t i, int64_t k) { return vload_part(es + i, k, 0.f); });
             continue;
         }
         add_norm_write(e, w, b, y + r * n, o + r * n, n, mean, (float)(1.0 / std::sqrt(var + (double)eps)), true, nt,
                        next_row(xr, n, more, n), next_row(rrow, n, more, n));
     }
     if (nt) stream_fence();
+}
+
+// The table's entries: the weights (and bias) fp32, or with w16 (fp16 x only) in fp16, read as
+// they are and widened per vector (bind_facade.cpp NormParams decides). An fp16 weight keeps the
+// rows' L1 footprint small: a 4096-wide fp32 weight and bias are 32 KiB, the whole L1 of the
+// Intel host, beside x's row, the next row being summed and the fused adds' scratch row; one
+// vcvtph2ps from memory widens it. In cache (callgrind_ops incache, 16 rows x 4096, one thread,
+// Cascade Lake): fp16 rms_norm 0.24 against 0.29 ns per element, layer_norm 0.30-0.32 against
+// 0.34. A bf16 weight costs two instructions to widen (vpmovzxwd + vpslld): bf16 layer_norm
+// 0.46-0.47 against 0.42, so bf16 keeps the fp32 copy.
+template <class T, class F>
+inline void with_w(bool w16, const void* w, const void* b, const F& f) {
+    if constexpr (std::is_same_v<T, f16>) {
+        if (w16) return f((const T*)w, (const T*)b);
+    }
+    f((const float*)w, (const float*)b);
+}
+template <class T>
+void rms_norm_k(const void* x, const void* w, void* y, int64_t rows, int64_t n, float eps, float* rsigma, bool nt,
+                bool w16) {
+    with_w<T>(w16, w, nullptr, [&](auto wt, auto) { rms_norm_t<T>(x, wt, y, rows, n, eps, rsigma, nt); });
+}
+template <class T>
+void layer_norm_k(const void* x, const void* w, const void* b, void* y, int64_t rows, int64_t n, float eps, float* mu,
+                  float* rsigma, bool nt, bool w16) {
+    with_w<T>(w16, w, b, [&](auto wt, auto bt) { layer_norm_t<T>(x, wt, bt, y, rows, n, eps, mu, rsigma, nt); });
+}
+template <class T>
+void add_rms_norm_k(const void* x, const void* r, const void* w, void* y, void* o, int64_t rows, int64_t n, float eps,
+                    float* e, bool nt, bool w16) {
+    with_w<T>(w16, w, nullptr, [&](auto wt, auto) { add_rms_norm_t<T>(x, r, wt, y, o, rows, n, eps, e, nt); });
+}
+template <class T>
+void add_layer_norm_k(const void* x, const void* r, const void* w, const void* b, void* y, void* o, int64_t rows,
+                      int64_t n, float eps, float* e, bool nt, bool w16) {
+    with_w<T>(w16, w, b, [&](auto wt, auto bt) { add_layer_norm_t<T>(x, r, wt, bt, y, o, rows, n, eps, e, nt); });
 }
 
 // sum_i a[i]*b[i]*c[i] over a row, blocked like row_sumsq.

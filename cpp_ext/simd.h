@@ -235,14 +235,17 @@ inline V vload(const bf16* p) {
     __m256i w = _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i*)p));
     return {_mm256_castsi256_ps(_mm256_slli_epi32(w, 16))};
 }
-inline __m128i bf16_pack(V v) {
+// v rounded to nearest-even in the high half of each word
+inline __m256i bf16_round_word(V v) {
     __m256i u = _mm256_castps_si256(v.v);
     __m256i lsb = _mm256_and_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(1));
     __m256i r = _mm256_add_epi32(u, _mm256_add_epi32(lsb, _mm256_set1_epi32(0x7fff)));
     // NaN: keep the high half with the quiet bit set instead of rounding it into Inf.
     __m256i qnan = _mm256_or_si256(u, _mm256_set1_epi32(0x400000));
     __m256 isnan = _mm256_cmp_ps(v.v, v.v, _CMP_UNORD_Q);
-    r = _mm256_castps_si256(_mm256_blendv_ps(_mm256_castsi256_ps(r), _mm256_castsi256_ps(qnan), isnan));
+    return _mm256_castps_si256(_mm256_blendv_ps(_mm256_castsi256_ps(r), _mm256_castsi256_ps(qnan), isnan));
+}
+inline __m128i bf16_narrow(__m256i r) {
     // each 32-bit lane's high half to the low 8 bytes of its 128-bit lane (one shuffle where a
     // shift and a pack took two), then those two quarters together
     const __m256i hi = _mm256_setr_epi8(2, 3, 6, 7, 10, 11, 14, 15, -1, -1, -1, -1, -1, -1, -1, -1,  //
@@ -250,7 +253,14 @@ inline __m128i bf16_pack(V v) {
     const __m256i packed = _mm256_permute4x64_epi64(_mm256_shuffle_epi8(r, hi), 0x08);
     return _mm256_castsi256_si128(packed);
 }
+inline __m128i bf16_pack(V v) { return bf16_narrow(bf16_round_word(v)); }
 struct H { __m128i v; };
+// vround16's bf16 form (as AVX-512's): the rounded word masked is the widened value
+inline V vround16(const bf16*, V v, H& h) {
+    const __m256i r = bf16_round_word(v);
+    h = {bf16_narrow(r)};
+    return {_mm256_castsi256_ps(_mm256_and_si256(r, _mm256_set1_epi32((int)0xffff0000u)))};
+}
 inline H vpack16(const f16*, V v) { return {_mm256_cvtps_ph(v.v, _MM_FROUND_TO_NEAREST_INT)}; }
 inline H vpack16(const bf16*, V v) { return {bf16_pack(v)}; }
 inline V vwiden(const f16*, H h) { return {_mm256_cvtph_ps(h.v)}; }
@@ -317,16 +327,26 @@ inline V vload(const bf16* p) {
 #if defined(TO_AVX512_BF16)
 inline __m256i bf16_pack(V v) { return (__m256i)_mm512_cvtneps_pbh(v.v); }
 #else
-inline __m256i bf16_pack(V v) {
+// v rounded to nearest-even in the high half of each word (NaN: quieted, not rounded into Inf)
+inline __m512i bf16_round_word(V v) {
     __m512i u = _mm512_castps_si512(v.v);
     __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1));
     __m512i r = _mm512_add_epi32(u, _mm512_add_epi32(lsb, _mm512_set1_epi32(0x7fff)));
     __mmask16 isnan = _mm512_cmp_ps_mask(v.v, v.v, _CMP_UNORD_Q);
-    r = _mm512_mask_mov_epi32(r, isnan, _mm512_or_si512(u, _mm512_set1_epi32(0x400000)));
-    return _mm512_cvtepi32_epi16(_mm512_srli_epi32(r, 16));
+    return _mm512_mask_mov_epi32(r, isnan, _mm512_or_si512(u, _mm512_set1_epi32(0x400000)));
 }
+inline __m256i bf16_pack(V v) { return _mm512_cvtepi32_epi16(_mm512_srli_epi32(bf16_round_word(v), 16)); }
 #endif
 struct H { __m256i v; };
+#if !defined(TO_AVX512_BF16)
+// vround16's bf16 form: the rounded word's high half is the bf16 value, so the widened value is
+// that word masked (one vpandd) instead of the packed bits widened back (vpmovzxwd + vpslld).
+inline V vround16(const bf16*, V v, H& h) {
+    const __m512i r = bf16_round_word(v);
+    h = {_mm512_cvtepi32_epi16(_mm512_srli_epi32(r, 16))};
+    return {_mm512_castsi512_ps(_mm512_and_si512(r, _mm512_set1_epi32((int)0xffff0000u)))};
+}
+#endif
 inline H vpack16(const f16*, V v) { return {_mm512_cvtps_ph(v.v, _MM_FROUND_TO_NEAREST_INT)}; }
 inline H vpack16(const bf16*, V v) { return {bf16_pack(v)}; }
 inline V vwiden(const f16*, H h) { return {_mm512_cvtph_ps(h.v)}; }
@@ -370,6 +390,31 @@ inline void vcopy16(T* p, const T* s, bool nt) {
 #endif
 }
 
+// W lanes of a 16-bit T as their bits (an H), no conversion: a write_row generator that copies
+// a 16-bit row (norm.cpp: res_out from the fused add's 16-bit scratch row when y and res_out
+// take separate passes; re-packing the fp32 scratch there cost bf16 ~9 instructions per vector).
+template <class T>
+inline H vbits16(const T* s) {
+    static_assert(sizeof(T) == 2, "16-bit lanes");
+#if TO_ISA == 2
+    return {_mm256_loadu_si256((const __m256i*)s)};
+#elif TO_ISA == 1
+    return {_mm_loadu_si128((const __m128i*)s)};
+#else
+    return {s->b};
+#endif
+}
+
+// v rounded to the 16-bit T as fp32 (what a store of v writes, read back), its bits in h: for a
+// kernel that both stores the rounded value and computes with it (norm.cpp's fused add sums
+// and normalizes round_T(x + r)), one conversion and no store-to-load round trip. bf16 on AVX2
+// and AVX-512 without BF16 has its own form beside bf16_pack (the rounded word masked).
+template <class T>
+inline V vround16(const T* p, V v, H& h) {
+    h = vpack16(p, v);
+    return vwiden(p, h);
+}
+
 // ---- partial (tail) loads/stores ---------------------------------------------------
 // Lanes [0, k) of p, k < W; the other lanes hold `fill`. The tail runs the very same vector
 // math as the body (no second scalar implementation of exp/erf to keep in step) and never
@@ -400,6 +445,8 @@ inline void vstore_part(f16* p, V v, int64_t k) {
 inline void vstore_part(bf16* p, V v, int64_t k) { _mm256_mask_storeu_epi16(p, kmask(k), bf16_pack(v)); }
 template <class T>
 inline void vstore_part(T* p, H h, int64_t k) { _mm256_mask_storeu_epi16(p, kmask(k), h.v); }
+template <class T>
+inline H vbits16_part(const T* s, int64_t k) { return {_mm256_maskz_loadu_epi16(kmask(k), s)}; }
 #else
 #if TO_ISA == 1
 inline V vload_part(const float* p, int64_t k, float fill) {
@@ -425,6 +472,12 @@ inline void vstore_part(T* p, H h, int64_t k) {
     alignas(64) T b[W];
     vstore(b, h);
     std::memcpy((void*)p, (const void*)b, (size_t)k * sizeof(T));
+}
+template <class T>
+inline H vbits16_part(const T* s, int64_t k) {  // lanes [k, W) zero
+    alignas(64) T b[W] = {};
+    std::memcpy((void*)b, (const void*)s, (size_t)k * sizeof(T));
+    return vbits16(b);
 }
 #endif
 

@@ -348,6 +348,53 @@ def test_add_layer_norm_rows_of_every_kind(C, dt, n):
 
 
 @pytest.mark.parametrize("dt", DTYPES)
+@pytest.mark.parametrize("op", ["rms_norm", "layer_norm", "add_rms_norm", "add_layer_norm"])
+def test_norm_weights_at_every_placement(C, dt, op):
+    """The norms' weight and bias reach the kernel as fp32 copies, or for fp16 as they are
+    (norm.cpp with_w: half the L1 footprint), copied only to align them on large calls: the
+    output is the same bits whatever the weights' placement (64-byte aligned or not), the
+    call's size class (one thread and cached stores, or the parallel streaming path forced),
+    and it matches the float64 oracle."""
+    rng = np.random.default_rng(23)
+    n = 203
+    x, xv, kw = as_dtype(rng.standard_normal((9, n)), dt)
+    r, rv, _ = as_dtype(rng.standard_normal((9, n)), dt)
+    w0, wv, _ = as_dtype(rng.standard_normal(n), dt)
+    b0, bv, _ = as_dtype(rng.standard_normal(n), dt)
+
+    def call(w, b):
+        if op == "rms_norm":
+            return C.rms_norm(x, w, 1e-6, **kw)
+        if op == "layer_norm":
+            return C.layer_norm(x, w, b, 1e-5, **kw)
+        if op == "add_rms_norm":
+            return C.add_rms_norm(x, r, w, 1e-6, **kw)[0]
+        return C.add_layer_norm(x, r, w, b, 1e-5, **kw)[0]
+
+    want = call(w0, b0)
+    if op.startswith("add_"):
+        sv = value(C.add_rms_norm(x, r, w0, 1e-6, **kw)[1], dt)
+    else:
+        sv = xv
+    oracle = ref.rms_norm(sv, wv, 1e-6) if op.endswith("rms_norm") else ref.layer_norm(sv, wv, bv, 1e-5)
+    check(want, oracle, dt, math.sqrt(n))
+    buf_w = np.zeros(n + 40, w0.dtype)
+    buf_b = np.zeros(n + 40, b0.dtype)
+    old = C.build_info()
+    try:
+        for par, nt in ((-1, -1), (0, 0)):  # as configured; everything "large"
+            C._set_tuning(par, nt)
+            for ow, ob in [(0, 0), (1, 1), (8, 3), (32, 0)]:
+                w = buf_w[ow:ow + n]
+                b = buf_b[ob:ob + n]
+                w[:] = w0
+                b[:] = b0
+                np.testing.assert_array_equal(call(w, b), want, err_msg=f"w at +{ow}, b at +{ob}, par {par}")
+    finally:
+        C._set_tuning(old["parallel_threshold_bytes"], old["nontemporal_threshold_bytes"])
+
+
+@pytest.mark.parametrize("dt", DTYPES)
 @pytest.mark.parametrize("n", [7, 203, 1040, 2100])
 @pytest.mark.parametrize("op", ["rms_norm", "layer_norm"])
 def test_norm_rows_pipelined_match_rows_alone(C, dt, n, op):
