@@ -29,19 +29,26 @@ namespace {
 // lines (two-pass rms_norm, 1 thread, 4096 x 4096 fp32: 0.86 -> 0.50 of the streaming copy
 // in a standalone loop). A (1, 4096) call keeps the caller's arrays: the copy would cost
 // more than the misaligned loads.
-// An fp16 weight without zero-centred gamma stays fp16 (w16; copied only to align it): the
-// kernel widens it per vector, and a 4096-wide weight and bias take 16 KiB of L1 instead of 32
-// beside the rows (norm.cpp with_w: why not bf16). Exact either way: the fp32 conversion of a
-// 16-bit value is exact.
+// Without zero-centred gamma, 16-bit weights stay 16-bit (kernels.h NormWeights; norm.cpp
+// with_w says why): fp16 as they are (copied only to align them), bf16 with a bias packed with
+// it, a word per element. Exact either way: the fp32 conversion of a 16-bit value is exact.
 struct NormParams {
     const void* w = nullptr;
     const void* b = nullptr;
-    bool w16 = false;
+    int wf = NW_F32;
     std::optional<Scratch> buf;  // 64-byte aligned (runtime.h)
     NormParams(const Arr& wa, const char* bias, int dt, int64_t n, bool zc, bool big) {
         auto off = [](const void* p) { return (uintptr_t)p % 64 != 0; };
+        if (dt == DT_BF16 && bias && !zc) {
+            wf = NW_BF16_PAIRS;
+            uint32_t* pk = (uint32_t*)buf.emplace((size_t)n, wa.data).get();
+            const uint16_t *wb = (const uint16_t*)wa.data, *bb = (const uint16_t*)bias;
+            for (int64_t i = 0; i < n; ++i) pk[i] = (uint32_t)wb[i] | ((uint32_t)bb[i] << 16);
+            w = b = pk;
+            return;
+        }
         if (dt == DT_F16 && !zc) {
-            w16 = true;
+            wf = NW_F16;
             w = wa.data;
             b = bias;
             const bool cw = big && off(wa.data), cb = bias && big && off(bias);
@@ -108,7 +115,7 @@ py::object rms_norm(const py::object& x_, const py::object& w_, float eps, const
     const bool nt = use_nt(bytes);
     py::gil_scoped_release nogil;
     parallel_units(rows, threads_for(2 * bytes, rows), [&](int64_t b, int64_t e, int) {
-        k(x.data + b * n * es, np.w, o.data + b * n * es, e - b, n, eps, rs ? rs + b : nullptr, nt, np.w16);
+        k(x.data + b * n * es, np.w, o.data + b * n * es, e - b, n, eps, rs ? rs + b : nullptr, nt, np.wf);
     });
     return res;
 }
@@ -139,7 +146,7 @@ py::object layer_norm(const py::object& x_, const py::object& w_, const py::obje
     py::gil_scoped_release nogil;
     parallel_units(rows, threads_for(2 * bytes, rows), [&](int64_t b, int64_t e, int) {
         k(x.data + b * n * es, np.w, np.b, o.data + b * n * es, e - b, n, eps, mu ? mu + b : nullptr,
-          rs ? rs + b : nullptr, nt, np.w16);
+          rs ? rs + b : nullptr, nt, np.wf);
     });
     return res;
 }
@@ -184,10 +191,10 @@ py::tuple add_norm(bool layer, const py::object& x_, const py::object& r_, const
             float* s = sc + (size_t)t * per;
             if (layer)
                 g_k->add_layer_norm[x.dt](x.data + off, r.data + off, np.w, np.b, o.data + off, ro.data + off, e - b, n,
-                                          eps, s, nt, np.w16);
+                                          eps, s, nt, np.wf);
             else
                 g_k->add_rms_norm[x.dt](x.data + off, r.data + off, np.w, o.data + off, ro.data + off, e - b, n, eps, s,
-                                        nt, np.w16);
+                                        nt, np.wf);
         });
     }
     return py::make_tuple(res, rres);

@@ -37,31 +37,36 @@ struct AdamParams {
 };
 
 // The fused adds' per-thread scratch, in floats: s = x + r in fp32 (n, padded to 64 bytes),
-// then, for 16-bit dtypes, s in that dtype (n halves), which res_out copies as bits: no
-// second conversion of s per vector (norm.cpp AddSrc).
+// used by fp32, then s in a 16-bit dtype (n halves), the only row a 16-bit form keeps: the
+// norm widens it and res_out copies it as bits (norm.cpp AddSrc, s_row).
 inline int64_t fused_add_e16_at(int64_t n) { return (n + 15) & ~(int64_t)15; }  // where the 16-bit copy starts
 inline int64_t fused_add_scratch(int64_t n) { return fused_add_e16_at(n) + (((n + 1) / 2 + 15) & ~(int64_t)15); }
+
+// The norms' weight formats (KernelTable rms_norm ... add_layer_norm, `wf`; bind_facade.cpp
+// NormParams picks one per call, norm.cpp with_w says why): fp32 (zero-centred gamma's +1
+// already added), fp16 as the caller's (fp16 x), or for bf16 x with a bias one uint32 per
+// element, the weight's bf16 bits low and the bias's high (w and b both point at it).
+enum NormWeights { NW_F32 = 0, NW_F16 = 1, NW_BF16_PAIRS = 2 };
 
 struct KernelTable {
     const char* isa;
     int width;  // fp32 lanes
     // y = x * rsigma * w; rsigma (float, per row) written when non-null. The weights (and
-    // bias) are fp32, zero-centred gamma's +1 already added (the binding converts them once per
-    // call, bind_facade.cpp NormParams), or with w16 in x's own 16-bit dtype, read as they are.
+    // bias) in the format wf (NormWeights above), prepared once per call by the binding.
     void (*rms_norm[DT_COUNT])(const void* x, const void* w, void* y, int64_t rows, int64_t n,
-                               float eps, float* rsigma, bool nt, bool w16);
+                               float eps, float* rsigma, bool nt, int wf);
     // b may be null (no bias); mu/rsigma written when non-null.
     void (*layer_norm[DT_COUNT])(const void* x, const void* w, const void* b, void* y, int64_t rows,
-                                 int64_t n, float eps, float* mu, float* rsigma, bool nt, bool w16);
+                                 int64_t n, float eps, float* mu, float* rsigma, bool nt, int wf);
     // Fused residual add: s = x + r (rounded to x's dtype, like adding in that dtype), written
     // to res_out, and y = norm(s). res_out may be r and y may be x (exactly; row by row every
     // input row is read before its outputs are written). scratch: fused_add_scratch(n) floats
     // per thread (below).
     void (*add_rms_norm[DT_COUNT])(const void* x, const void* r, const void* w, void* y, void* res_out,
-                                   int64_t rows, int64_t n, float eps, float* scratch, bool nt, bool w16);
+                                   int64_t rows, int64_t n, float eps, float* scratch, bool nt, int wf);
     void (*add_layer_norm[DT_COUNT])(const void* x, const void* r, const void* w, const void* b, void* y,
                                      void* res_out, int64_t rows, int64_t n, float eps, float* scratch, bool nt,
-                                     bool w16);
+                                     int wf);
     // scratch: n floats (per thread).
     void (*softmax[DT_COUNT])(const void* x, void* y, int64_t rows, int64_t n, float* scratch, bool nt);
     void (*unary[DT_COUNT][UN_COUNT])(const void* x, void* y, int64_t count, bool nt);

@@ -17,8 +17,8 @@ namespace TO_NS {
 namespace {
 
 // One row of layer_norm in double, for rows whose fp32 statistics overflowed.
-template <class T, class TX, class TW>
-void layer_norm_row_f64(const TX* xr, const TW* w, const TW* b, T* yr, int64_t n, float eps, float* mu,
+template <class T, class TX, class TW, class TB>
+void layer_norm_row_f64(const TX* xr, const TW* w, const TB* b, T* yr, int64_t n, float eps, float* mu,
                         float* rsigma) {
     double sum = 0.0;
     for (int64_t i = 0; i < n; ++i) sum += (double)to_f32(xr[i]);
@@ -92,8 +92,8 @@ void rms_norm_t(const void* xv, const TW* w, void* yv, int64_t rows, int64_t n, 
 
 // y = (x - mean) * rs * w (+ b) from a row in cache: the row's (full, part) generators handed
 // to `sink`, so layer_norm's write_row and the fused add's two-output write share them.
-template <class TX, class TW, class Sink>
-inline void ln_row(const TX* xr, const TW* w, const TW* b, float mean, float rs, const Sink& sink) {
+template <class TX, class TW, class TB, class Sink>
+inline void ln_row(const TX* xr, const TW* w, const TB* b, float mean, float rs, const Sink& sink) {
     const V vm = vset(mean), vrs = vset(rs);
     if (b) {
         sink([&](int64_t i) { return vfma((vload(xr + i) - vm) * vrs, vload(w + i), vload(b + i)); },
@@ -113,8 +113,8 @@ inline void ln_row(const TX* xr, const TW* w, const TW* b, float mean, float rs,
 // fp16 1.14-1.18x, bf16 1.16-1.21x. Pipelining with the two-pass statistics (the centred
 // squares from cache between the sum and the write) measured 0.88-1.00x, the one-pass
 // statistics without pipelining 0.98-1.06x: it takes both (CONTRIBUTING "Rows pipelined").
-template <class T, class TW>
-void layer_norm_t(const void* xv, const TW* w, const TW* b, void* yv, int64_t rows, int64_t n, float eps, float* mu,
+template <class T, class TW, class TB>
+void layer_norm_t(const void* xv, const TW* w, const TB* b, void* yv, int64_t rows, int64_t n, float eps, float* mu,
                   float* rsigma, bool nt) {
     const T* x = (const T*)xv;
     T* y = (T*)yv;
@@ -266,8 +266,8 @@ inline void write_pair(T* y, T* o, const float* e, int64_t n, bool nt, const Ful
 // y = e * rs * w (rms) or (e - mean) * rs * w (+ b) (layer) and res_out = e, in one pass.
 // flatten: GCC left the sink lambda out of line (a call per row, its closures reloaded every
 // vector: add_rms_norm fp32 1.98 instructions per element against 1.67 inlined).
-template <class T, class TW>
-__attribute__((flatten)) inline void add_norm_write(const float* e, const TW* w, const TW* b, T* yr, T* orow,
+template <class T, class TW, class TB = TW>
+__attribute__((flatten)) inline void add_norm_write(const float* e, const TW* w, const TB* b, T* yr, T* orow,
                                                     int64_t n, float mean, float rs, bool layer, bool nt, Prefetch pfx,
                                                     Prefetch pfr) {
     const auto sink = [&](const auto& full, const auto& part) { write_pair(yr, orow, e, n, nt, full, part, pfx, pfr); };
@@ -304,14 +304,14 @@ void add_rms_norm_t(const void* xv, const void* rv, const TW* w, void* yv, void*
         }
         const float rs = rsqrt_of(ss, n, eps);
         const bool more = r + 1 < rows;
-        add_norm_write<T, TW>(e, w, nullptr, y + r * n, o + r * n, n, 0.f, rs, false, nt, next_row(xr, n, more, n),
+        add_norm_write<T, TW, TW>(e, w, nullptr, y + r * n, o + r * n, n, 0.f, rs, false, nt, next_row(xr, n, more, n),
                        next_row(rrow, n, more, n));
     }
     if (nt) stream_fence();
 }
 
-template <class T, class TW>
-void add_layer_norm_t(const void* xv, const void* rv, const TW* w, const TW* b, void* yv, void* ov, int64_t rows,
+template <class T, class TW, class TB>
+void add_layer_norm_t(const void* xv, const void* rv, const TW* w, const TB* b, void* yv, void* ov, int64_t rows,
                       int64_t n, float eps, float* e, bool nt) {
     const T* x = (const T*)xv;
     const T* rr = (const T*)rv;
@@ -336,40 +336,46 @@ void add_layer_norm_t(const void* xv, const void* rv, const TW* w, const TW* b, 
     if (nt) stream_fence();
 }
 
-// The table's entries: the weights (and bias) fp32, or with w16 (fp16 x only) in fp16, read as
-// they are and widened per vector (bind_facade.cpp NormParams decides). An fp16 weight keeps the
-// rows' L1 footprint small: a 4096-wide fp32 weight and bias are 32 KiB, the whole L1 of the
-// Intel host, beside x's row, the next row being summed and the fused adds' scratch row; one
-// vcvtph2ps from memory widens it. In cache (callgrind_ops incache, 16 rows x 4096, one thread,
-// Cascade Lake): fp16 rms_norm 0.24 against 0.29 ns per element, layer_norm 0.30-0.32 against
-// 0.34. A bf16 weight costs two instructions to widen (vpmovzxwd + vpslld): bf16 layer_norm
-// 0.46-0.47 against 0.42, so bf16 keeps the fp32 copy.
-template <class T, class F>
-inline void with_w(bool w16, const void* w, const void* b, const F& f) {
+// The table's entries: the weights (and bias) in the format wf (kernels.h NormWeights), chosen by
+// bind_facade.cpp NormParams. Both 16-bit formats keep the rows' L1 footprint small: a
+// 4096-wide fp32 weight and bias are 32 KiB, the whole L1 of the Intel host, beside x's row,
+// the next row being summed and the fused adds' scratch row. An fp16 weight (and bias) is read
+// as it is, one vcvtph2ps from memory each; in cache (callgrind_ops incache, 16 rows x 4096,
+// one thread, Cascade Lake) fp16 rms_norm 0.24 against 0.29 ns per element, layer_norm
+// 0.30-0.32 against 0.34. A bf16 one costs two instructions to widen (vpmovzxwd + vpslld):
+// bf16 layer_norm 0.46-0.47 against 0.42, so bf16 packs a weight and its bias in one word
+// (simd.h bf16lo / bf16hi: one instruction each from one load); a bf16 rms_norm, or a
+// layer_norm without bias, keeps the fp32 weight.
+template <class T, bool PAIRS, class F>
+inline void with_w(int wf, const void* w, const void* b, const F& f) {
     if constexpr (std::is_same_v<T, f16>) {
-        if (w16) return f((const T*)w, (const T*)b);
+        if (wf == NW_F16) return f((const T*)w, (const T*)b);
+    }
+    if constexpr (PAIRS && std::is_same_v<T, bf16>) {
+        if (wf == NW_BF16_PAIRS) return f((const bf16lo*)w, (const bf16hi*)w);
     }
     f((const float*)w, (const float*)b);
 }
 template <class T>
 void rms_norm_k(const void* x, const void* w, void* y, int64_t rows, int64_t n, float eps, float* rsigma, bool nt,
-                bool w16) {
-    with_w<T>(w16, w, nullptr, [&](auto wt, auto) { rms_norm_t<T>(x, wt, y, rows, n, eps, rsigma, nt); });
+                int wf) {
+    with_w<T, false>(wf, w, nullptr, [&](auto wt, auto) { rms_norm_t<T>(x, wt, y, rows, n, eps, rsigma, nt); });
 }
 template <class T>
 void layer_norm_k(const void* x, const void* w, const void* b, void* y, int64_t rows, int64_t n, float eps, float* mu,
-                  float* rsigma, bool nt, bool w16) {
-    with_w<T>(w16, w, b, [&](auto wt, auto bt) { layer_norm_t<T>(x, wt, bt, y, rows, n, eps, mu, rsigma, nt); });
+                  float* rsigma, bool nt, int wf) {
+    with_w<T, true>(wf, w, b, [&](auto wt, auto bt) { layer_norm_t<T>(x, wt, bt, y, rows, n, eps, mu, rsigma, nt); });
 }
 template <class T>
 void add_rms_norm_k(const void* x, const void* r, const void* w, void* y, void* o, int64_t rows, int64_t n, float eps,
-                    float* e, bool nt, bool w16) {
-    with_w<T>(w16, w, nullptr, [&](auto wt, auto) { add_rms_norm_t<T>(x, r, wt, y, o, rows, n, eps, e, nt); });
+                    float* e, bool nt, int wf) {
+    with_w<T, false>(wf, w, nullptr, [&](auto wt, auto) { add_rms_norm_t<T>(x, r, wt, y, o, rows, n, eps, e, nt); });
 }
 template <class T>
 void add_layer_norm_k(const void* x, const void* r, const void* w, const void* b, void* y, void* o, int64_t rows,
-                      int64_t n, float eps, float* e, bool nt, bool w16) {
-    with_w<T>(w16, w, b, [&](auto wt, auto bt) { add_layer_norm_t<T>(x, r, wt, bt, y, o, rows, n, eps, e, nt); });
+                      int64_t n, float eps, float* e, bool nt, int wf) {
+    with_w<T, true>(wf, w, b,
+                    [&](auto wt, auto bt) { add_layer_norm_t<T>(x, r, wt, bt, y, o, rows, n, eps, e, nt); });
 }
 
 // sum_i a[i]*b[i]*c[i] over a row, blocked like row_sumsq.

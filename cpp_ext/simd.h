@@ -103,6 +103,15 @@ inline uint16_t f32_to_bf16(float f) {
 inline float to_f32(float v) { return v; }
 inline float to_f32(f16 v) { return half_to_f32(v.b); }
 inline float to_f32(bf16 v) { return bf16_to_f32(v.b); }
+// A bf16 norm's weight and bias packed in one 32-bit word per element (norm.cpp with_w): the
+// weight's bits in the low half, the bias's in the high half. Two views of one array: the
+// weight is the word shifted up 16 bits, the bias the word with its low half cleared, one
+// instruction each from one load (a bf16 row widens with two), in 4 bytes per element where
+// the fp32 weight and bias took 8.
+struct bf16lo { uint32_t v; };
+struct bf16hi { uint32_t v; };
+inline float to_f32(bf16lo p) { return bits_f(p.v << 16); }
+inline float to_f32(bf16hi p) { return bits_f(p.v & 0xffff0000u); }
 inline void put(float* p, float v) { *p = v; }
 inline void put(f16* p, float v) { p->b = f32_to_half(v); }
 inline void put(bf16* p, float v) { p->b = f32_to_bf16(v); }
@@ -163,6 +172,8 @@ inline V vldexp(V y, V e) { return y * vexp2i(vcvt_i(e)); }
 inline V vload(const float* p) { return {*p}; }
 inline V vload(const f16* p) { return {half_to_f32(p->b)}; }
 inline V vload(const bf16* p) { return {bf16_to_f32(p->b)}; }
+inline V vload(const bf16lo* p) { return {to_f32(*p)}; }
+inline V vload(const bf16hi* p) { return {to_f32(*p)}; }
 // H: a vector of 16-bit lanes as the bits a store writes (see "16-bit lanes as bits" below)
 struct H { uint16_t v; };
 inline H vpack16(const f16*, V v) { return {f32_to_half(v.v)}; }
@@ -234,6 +245,10 @@ inline V vload(const f16* p) { return {_mm256_cvtph_ps(_mm_loadu_si128((const __
 inline V vload(const bf16* p) {
     __m256i w = _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i*)p));
     return {_mm256_castsi256_ps(_mm256_slli_epi32(w, 16))};
+}
+inline V vload(const bf16lo* p) { return {_mm256_castsi256_ps(_mm256_slli_epi32(_mm256_loadu_si256((const __m256i*)p), 16))}; }
+inline V vload(const bf16hi* p) {
+    return {_mm256_and_ps(_mm256_loadu_ps((const float*)p), _mm256_castsi256_ps(_mm256_set1_epi32((int)0xffff0000u)))};
 }
 // v rounded to nearest-even in the high half of each word
 inline __m256i bf16_round_word(V v) {
@@ -323,6 +338,10 @@ inline V vload(const f16* p) { return {_mm512_cvtph_ps(_mm256_loadu_si256((const
 inline V vload(const bf16* p) {
     __m512i w = _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i*)p));
     return {_mm512_castsi512_ps(_mm512_slli_epi32(w, 16))};
+}
+inline V vload(const bf16lo* p) { return {_mm512_castsi512_ps(_mm512_slli_epi32(_mm512_loadu_si512(p), 16))}; }
+inline V vload(const bf16hi* p) {
+    return {_mm512_castsi512_ps(_mm512_and_si512(_mm512_loadu_si512(p), _mm512_set1_epi32((int)0xffff0000u)))};
 }
 #if defined(TO_AVX512_BF16)
 inline __m256i bf16_pack(V v) { return (__m256i)_mm512_cvtneps_pbh(v.v); }
@@ -437,6 +456,14 @@ inline V vload_part(const bf16* p, int64_t k, float fill) {
     const __mmask16 m = kmask(k);
     __m512i w = _mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(m, p));
     return {_mm512_mask_blend_ps(m, _mm512_set1_ps(fill), _mm512_castsi512_ps(_mm512_slli_epi32(w, 16)))};
+}
+inline V vload_part(const bf16lo* p, int64_t k, float fill) {
+    const __m512i u = _mm512_slli_epi32(_mm512_maskz_loadu_epi32(kmask(k), p), 16);
+    return {_mm512_mask_blend_ps(kmask(k), _mm512_set1_ps(fill), _mm512_castsi512_ps(u))};
+}
+inline V vload_part(const bf16hi* p, int64_t k, float fill) {
+    const __m512i u = _mm512_and_si512(_mm512_maskz_loadu_epi32(kmask(k), p), _mm512_set1_epi32((int)0xffff0000u));
+    return {_mm512_mask_blend_ps(kmask(k), _mm512_set1_ps(fill), _mm512_castsi512_ps(u))};
 }
 inline void vstore_part(float* p, V v, int64_t k) { _mm512_mask_storeu_ps(p, kmask(k), v.v); }
 inline void vstore_part(f16* p, V v, int64_t k) {
