@@ -154,11 +154,12 @@ void layer_norm_t(const void* xv, const TW* w, const TB* b, void* yv, int64_t ro
 
 // ---- fused residual add (vLLM's fused_add_rms_norm) --------------------------------------
 // s = round_T(x + r) into the scratch row: what res_out receives, so the norm sees the stored
-// residual, like an add in T followed by the norm. s goes to e in fp32 (the norm's input) and,
-// for a 16-bit T, to e16 in T (simd.h vround16: the rounded value and its bits from one
-// conversion), which res_out then copies as bits instead of converting e a second time
-// (add_rms_norm bf16 1.11-1.23x, fp16 1.07-1.20x; ab_builds, AVX2, Zen 3), in both the one-pass
-// and the two-pass write. BlockSum's source; add_into returns the blocked sum (SQ: of squares) of s.
+// residual, like an add in T followed by the norm. s goes to e in fp32 for fp32 and, for a
+// 16-bit T, only to e16 in T (simd.h vround16: the rounded value and its bits from one
+// conversion; s_row below), which the norm widens and res_out copies as bits instead of
+// converting s a second time (add_rms_norm bf16 1.11-1.23x, fp16 1.07-1.20x; ab_builds, AVX2,
+// Zen 3), in both the one-pass and the two-pass write. BlockSum's source; add_into returns the
+// blocked sum (SQ: of squares) of s.
 template <class T>
 struct AddSrc {
     const T* x;
