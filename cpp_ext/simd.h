@@ -346,13 +346,17 @@ inline V vload(const bf16hi* p) {
 #if defined(TO_AVX512_BF16)
 inline __m256i bf16_pack(V v) { return (__m256i)_mm512_cvtneps_pbh(v.v); }
 #else
-// v rounded to nearest-even in the high half of each word (NaN: quieted, not rounded into Inf)
+// v rounded to nearest-even in the high half of each word (NaN: quieted, not rounded into Inf).
+// The NaN lanes are put back by one vfixupimmps (one p05 uop) instead of a compare into a mask
+// (p5, the port vpmovdw also needs), an OR and a masked move: its table sends the QNaN and SNaN
+// classes of v to "QNaN(v)" (v with the quiet bit set, the payload kept) and every other class
+// to "keep the destination" (the rounded word); the imm8 of 0 reports no zero/one exceptions.
 inline __m512i bf16_round_word(V v) {
     __m512i u = _mm512_castps_si512(v.v);
     __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1));
     __m512i r = _mm512_add_epi32(u, _mm512_add_epi32(lsb, _mm512_set1_epi32(0x7fff)));
-    __mmask16 isnan = _mm512_cmp_ps_mask(v.v, v.v, _CMP_UNORD_Q);
-    return _mm512_mask_mov_epi32(r, isnan, _mm512_or_si512(u, _mm512_set1_epi32(0x400000)));
+    const __m512i nan_to_qnan = _mm512_set1_epi32(0x22);  // token 2 (QNaN(src)) for classes 0, 1
+    return _mm512_castps_si512(_mm512_fixupimm_ps(_mm512_castsi512_ps(r), v.v, nan_to_qnan, 0));
 }
 inline __m256i bf16_pack(V v) { return _mm512_cvtepi32_epi16(_mm512_srli_epi32(bf16_round_word(v), 16)); }
 #endif

@@ -51,14 +51,16 @@ inline V dact_v(V x) {
 // what the output holds, as TE's dbias of the stored d-activation does). A 16-bit T returns the
 // bits (simd.h H), which write_row stores as they are: one rounding per element, where rounding
 // for the sum and again inside the store cost AVX2 bf16 nine instructions per 8 lanes twice.
+// simd.h vround16 gives both: for bf16 without AVX512_BF16 the rounded word masked (one vpandd)
+// instead of the packed bits widened back (vpmovzxwd, a p5 uop beside vpmovdw's two, + vpslld).
 template <class T>
 inline auto stored_summed(V v, float* acc) {
     if constexpr (sizeof(T) == sizeof(float)) {
         vstore(acc, vload(acc) + v);
         return v;
     } else {
-        const H h = vpack16((const T*)nullptr, v);
-        vstore(acc, vload(acc) + vwiden((const T*)nullptr, h));
+        H h;
+        vstore(acc, vload(acc) + vround16((const T*)nullptr, v, h));
         return h;
     }
 }
@@ -68,8 +70,8 @@ inline auto stored_summed(V v, float* acc, int64_t k) {
         vstore_part(acc, vload_part(acc, k, 0.f) + v, k);
         return v;
     } else {
-        const H h = vpack16((const T*)nullptr, v);
-        vstore_part(acc, vload_part(acc, k, 0.f) + vwiden((const T*)nullptr, h), k);
+        H h;
+        vstore_part(acc, vload_part(acc, k, 0.f) + vround16((const T*)nullptr, v, h), k);
         return h;
     }
 }
