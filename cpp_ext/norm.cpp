@@ -267,7 +267,7 @@ inline void write_pair(T* y, T* o, const float* e, int64_t n, bool nt, const Ful
 // y = e * rs * w (rms) or (e - mean) * rs * w (+ b) (layer) and res_out = e, in one pass.
 // flatten: GCC left the sink lambda out of line (a call per row, its closures reloaded every
 // vector: add_rms_norm fp32 1.98 instructions per element against 1.67 inlined).
-template <class T, class TW, class TB = TW>
+template <class T, class TW, class TB>
 __attribute__((flatten)) inline void add_norm_write(const float* e, const TW* w, const TB* b, T* yr, T* orow,
                                                     int64_t n, float mean, float rs, bool layer, bool nt, Prefetch pfx,
                                                     Prefetch pfr) {

@@ -390,29 +390,6 @@ inline void vstream(f16* p, V v) { vstream(p, vpack16(p, v)); }
 inline void vstream(bf16* p, V v) { vstream(p, vpack16(p, v)); }
 #endif
 
-// W lanes of a 16-bit T copied as bits, no conversion (norm.cpp: res_out from the fused add's
-// 16-bit scratch copy of s); nt: a streaming store (p W*2-byte aligned), s may be unaligned.
-template <class T>
-inline void vcopy16(T* p, const T* s, bool nt) {
-    static_assert(sizeof(T) == 2, "16-bit lanes");
-#if TO_ISA == 2
-    const __m256i v = _mm256_loadu_si256((const __m256i*)s);
-    if (nt)
-        _mm256_stream_si256((__m256i*)p, v);
-    else
-        _mm256_storeu_si256((__m256i*)p, v);
-#elif TO_ISA == 1
-    const __m128i v = _mm_loadu_si128((const __m128i*)s);
-    if (nt)
-        _mm_stream_si128((__m128i*)p, v);
-    else
-        _mm_storeu_si128((__m128i*)p, v);
-#else
-    (void)nt;
-    *p = *s;
-#endif
-}
-
 // W lanes of a 16-bit T as their bits (an H), no conversion: a write_row generator that copies
 // a 16-bit row (norm.cpp: res_out from the fused add's 16-bit scratch row when y and res_out
 // take separate passes; re-packing the fp32 scratch there cost bf16 ~9 instructions per vector).
@@ -426,6 +403,17 @@ inline H vbits16(const T* s) {
 #else
     return {s->b};
 #endif
+}
+
+// W lanes of a 16-bit T copied as bits, no conversion (norm.cpp: res_out from the fused add's
+// 16-bit scratch copy of s); nt: a streaming store (p W*2-byte aligned), s may be unaligned.
+template <class T>
+inline void vcopy16(T* p, const T* s, bool nt) {
+    const H h = vbits16(s);
+    if (nt)
+        vstream(p, h);
+    else
+        vstore(p, h);
 }
 
 // v rounded to the 16-bit T as fp32 (what a store of v writes, read back), its bits in h: for a
