@@ -8,6 +8,12 @@ own pages moving the op's bytes. One sample is ``--iters`` back-to-back calls an
 synchronize; GB/s come from median times, × ceiling / × eager / × compile are medians of
 per-round ratios. The host-side latency of one call is timed the same way (200 calls).
 
+``--graph`` times the kernels alone: every row (ours, eager, compile, the ceiling copy) is
+``--iters`` calls captured once in a ``torch.cuda.CUDAGraph`` (our launches go to torch's
+current stream, so they are captured) and each sample is one replay, so host cost drops out.
+Without it an op whose kernel takes less than the ~70-150 us host cost of a facade call
+measures the host (CONTRIBUTING.md, "CUDA on an H200").
+
     python benchmarks/bench_cuda.py                      # all ops, float32 + bfloat16
     python benchmarks/bench_cuda.py --ops rms_norm,softmax --dtypes float16 --json out.json
 
@@ -25,10 +31,12 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-OPS = ("rms_norm", "layer_norm", "softmax", "silu", "gelu", "gelu_tanh", "relu", "swiglu", "geglu", "rope")
+OPS = ("rms_norm", "layer_norm", "softmax", "silu", "gelu", "gelu_tanh", "relu", "swiglu", "geglu", "rope",
+       "add_rms_norm", "add_layer_norm")
 DTYPES = ("float32", "float16", "bfloat16")
 GOAL_COPY = {"rms_norm": 0.85, "layer_norm": 0.85, "softmax": 0.85, "silu": 0.90, "gelu": 0.90,
-             "gelu_tanh": 0.90, "relu": 0.90, "swiglu": 0.90, "geglu": 0.90, "rope": 0.85}
+             "gelu_tanh": 0.90, "relu": 0.90, "swiglu": 0.90, "geglu": 0.90, "rope": 0.85, "add_rms_norm": 0.90,
+             "add_layer_norm": 0.90}
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -39,6 +47,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--iters", type=int, default=50, help="back-to-back calls per sample (one synchronize)")
     ap.add_argument("--rounds", type=int, default=7, help="interleaved rounds (default 7)")
     ap.add_argument("--no-compile", action="store_true", help="skip torch.compile")
+    ap.add_argument("--graph", action="store_true",
+                    help="kernels alone: each row's --iters calls captured in a CUDA graph, one replay a sample")
     ap.add_argument("--json", default=None, help="write the results here")
     a = ap.parse_args(argv)
     a.ops = [o.strip() for o in a.ops.split(",") if o.strip()]
@@ -102,8 +112,11 @@ def run(a, torch) -> list[dict]:
             for name in a.ops:
                 case = on_torch(_bench.bench_case(name, "float32", rows, n), "cuda", dtype)
                 ir = [i for i in impls if i.op == case.op]
-                got = _bench.measure_case(case, rows, ir, baselines=baselines, budget_s=0, min_rounds=a.rounds,
-                                          calls=a.iters, sync=sync)
+                if a.graph:
+                    got = _graph_case(case, rows, ir, baselines, a, torch)
+                else:
+                    got = _bench.measure_case(case, rows, ir, baselines=baselines, budget_s=0, min_rounds=a.rounds,
+                                              calls=a.iters, sync=sync)
                 ours = next((r for r in got if r["kind"] == "impl"), None)
                 if ours is not None and ours["median_s"]:
                     e = _bench.impl_entry(case, ir[0])
@@ -112,6 +125,40 @@ def run(a, torch) -> list[dict]:
                     ours["goals"] = _goals(name, ours, ours["host_us"], rows * n <= 1 << 16)
                 out += got
     return out
+
+
+def _graphed(fn, iters: int, torch):
+    """One replay of ``iters`` calls of ``fn`` captured in a CUDA graph (warmed on a side
+    stream first, as torch.cuda.graphs asks)."""
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        fn()
+    torch.cuda.current_stream().wait_stream(s)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        for _ in range(iters):
+            fn()
+    return g.replay
+
+
+def _graph_case(case, rows: int, ir: list, baselines: tuple, a, torch) -> list:
+    """The engine's rows of one case, each timed as replays of its captured calls; a row
+    whose calls cannot be captured keeps the capture's error."""
+    from tensor_ops import _bench
+    entries, label = _bench.case_entries(case, ir, baselines)
+    fns = {}
+    for e in entries:
+        if e.fn is None or e.error:
+            continue
+        try:
+            fns[e.col] = _graphed(e.fn, a.iters, torch)
+        except Exception as exc:  # a row that cannot be captured is a result, not the end
+            e.error = f"not capturable: {type(exc).__name__}: {exc}"[:200]
+    timings = _bench.time_rounds(fns, 0, a.rounds, sync=torch.cuda.synchronize)
+    for t in timings.values():  # one sample = one replay of a.iters calls
+        t.samples = [None if v is None else v / a.iters for v in t.samples]
+    return _bench.rows_of(case, rows, entries, timings, label)
 
 
 def _print(rows: list) -> None:

@@ -59,14 +59,32 @@ template <> __device__ __forceinline__ bf16 from_float<bf16>(float f) {
 template <typename T, int N>
 struct alignas(sizeof(T) * N) AVec { T v[N]; };
 
+// Widen / narrow one vector of N elements (fp32 math on 16-bit storage).
 template <typename T, int N>
-__device__ __forceinline__ void load_f(const T* __restrict__ p, float* out) {
+__device__ __forceinline__ void widen(const AVec<T, N>& a, float* out) {
+#pragma unroll
+    for (int j = 0; j < N; ++j) out[j] = to_float(a.v[j]);
+}
+
+template <typename T, int N>
+__device__ __forceinline__ AVec<T, N> narrow(const float* in) {
+    AVec<T, N> a;
+#pragma unroll
+    for (int j = 0; j < N; ++j) a.v[j] = from_float<T>(in[j]);
+    return a;
+}
+
+template <typename T, int N>
+__device__ __forceinline__ AVec<T, N> load_vec(const T* __restrict__ p) {
 #ifdef TO_EMU_CHECK_ALIGN
     TO_EMU_CHECK_ALIGN(p, alignof(AVec<T, N>));
 #endif
-    AVec<T, N> a = *reinterpret_cast<const AVec<T, N>*>(p);
-#pragma unroll
-    for (int j = 0; j < N; ++j) out[j] = to_float(a.v[j]);
+    return *reinterpret_cast<const AVec<T, N>*>(p);
+}
+
+template <typename T, int N>
+__device__ __forceinline__ void load_f(const T* __restrict__ p, float* out) {
+    widen<T, N>(load_vec<T, N>(p), out);
 }
 
 template <typename T, int N>
@@ -74,18 +92,20 @@ __device__ __forceinline__ void store_f(T* __restrict__ p, const float* in) {
 #ifdef TO_EMU_CHECK_ALIGN
     TO_EMU_CHECK_ALIGN(p, alignof(AVec<T, N>));
 #endif
-    AVec<T, N> a;
-#pragma unroll
-    for (int j = 0; j < N; ++j) a.v[j] = from_float<T>(in[j]);
-    *reinterpret_cast<AVec<T, N>*>(p) = a;
+    *reinterpret_cast<AVec<T, N>*>(p) = narrow<T, N>(in);
 }
 
 // Elements per 16-byte access.
 template <typename T> struct VecWidth { static constexpr int value = 16 / sizeof(T); };
 
-// Row-cache capacity in floats per thread (registers); rows longer than
-// threads * CACHE_FLOATS are processed in streaming passes instead.
-constexpr int CACHE_FLOATS = 16;
+// Row-cache capacity per thread: CACHE_BYTES of the row in registers, in its own type (16 fp32
+// or 32 fp16/bf16 values, kept packed and widened where used), i.e. CACHE_BYTES / 16 vector
+// units; rows longer than threads * that are processed in streaming passes instead. Counted in
+// bytes, not floats: with 16 values a thread, a 16-bit row of 8192 took 512 threads holding 32
+// bytes each, half the bytes in flight per SM of fp32 for as many block-wide reductions, and
+// the 16-bit norms and softmax ran at 0.55-0.74 of the copy on an H200 (fp32 0.93-0.99,
+// 2026-11-27). The host's row_launch (backends/cuda/arrays.py) sizes blocks by the same rule.
+constexpr int CACHE_BYTES = 64;
 
 __device__ __forceinline__ float warp_sum(float v) {
 #pragma unroll

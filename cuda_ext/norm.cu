@@ -1,5 +1,5 @@
 // rms_norm and layer_norm (+ the fused residual add: add_rms_norm, add_layer_norm): one warp per row (n <= 1024) or one block per row, launch-selected.
-// The row stays in registers when it fits (CACHE_FLOATS per thread); longer rows are
+// The row stays in registers when it fits (CACHE_BYTES per thread, packed); longer rows are
 // re-read in streaming passes. 16-byte loads when the host says every row is aligned.
 // All four kernels run one row function, norm_row: the plain and the fused-add forms differ
 // only in where a row's values come from (RowSrc), rms and layer only in the statistics.
@@ -15,13 +15,11 @@ namespace to {
 // r before it writes the same elements of s, and rereads (streamed rows) only the elements of
 // s it wrote itself; y is written last.
 template <typename T, int V>
-__device__ __forceinline__ void load_rw(const T* p, float* out) {
+__device__ __forceinline__ AVec<T, V> load_rw(const T* p) {
 #ifdef TO_EMU_CHECK_ALIGN
     TO_EMU_CHECK_ALIGN(p, alignof(AVec<T, V>));
 #endif
-    const AVec<T, V> a = *reinterpret_cast<const AVec<T, V>*>(p);
-#pragma unroll
-    for (int j = 0; j < V; ++j) out[j] = to_float(a.v[j]);
+    return *reinterpret_cast<const AVec<T, V>*>(p);
 }
 
 template <typename T, int V, bool ADD>
@@ -29,22 +27,25 @@ struct RowSrc {
     const T* x;
     const T* r;  // ADD only
     T* s;        // ADD only
-    // Chunk i (V elements), first read: x, or s = round_T(x + r) stored to s.
-    __device__ __forceinline__ void first(int i, float* a) const {
-        if (!ADD) {
-            load_f<T, V>(x + (size_t)i * V, a);
-            return;
-        }
-        float rv[V];
-        load_rw<T, V>(x + (size_t)i * V, a);
-        load_rw<T, V>(r + (size_t)i * V, rv);
+    // Chunk i (V elements), first read, in the row's type: x, or s = round_T(x + r) stored to s.
+    __device__ __forceinline__ AVec<T, V> first_vec(int i) const {
+        if (!ADD) return load_vec<T, V>(x + (size_t)i * V);
+        float a[V], rv[V];
+        widen<T, V>(load_rw<T, V>(x + (size_t)i * V), a);
+        widen<T, V>(load_rw<T, V>(r + (size_t)i * V), rv);
 #pragma unroll
-        for (int j = 0; j < V; ++j) a[j] = to_float(from_float<T>(a[j] + rv[j]));
-        store_f<T, V>(s + (size_t)i * V, a);
+        for (int j = 0; j < V; ++j) a[j] += rv[j];
+        const AVec<T, V> sv = narrow<T, V>(a);
+#ifdef TO_EMU_CHECK_ALIGN
+        TO_EMU_CHECK_ALIGN(s + (size_t)i * V, alignof(AVec<T, V>));
+#endif
+        *reinterpret_cast<AVec<T, V>*>(s + (size_t)i * V) = sv;
+        return sv;
     }
+    __device__ __forceinline__ void first(int i, float* a) const { widen<T, V>(first_vec(i), a); }
     // Chunk i again (streamed rows): this thread's own chunk, as first() gave it.
     __device__ __forceinline__ void again(int i, float* a) const {
-        if (ADD) load_rw<T, V>(s + (size_t)i * V, a);
+        if (ADD) widen<T, V>(load_rw<T, V>(s + (size_t)i * V), a);
         else load_f<T, V>(x + (size_t)i * V, a);
     }
 };
@@ -118,7 +119,7 @@ __device__ __forceinline__ Affine norm_stats(Get get, int nk, int n, float eps, 
 template <typename T, int V, bool LAYER, bool ADD>
 __device__ __forceinline__ void norm_row(const RowSrc<T, V, ADD>& src, const T* __restrict__ w,
                                          const T* __restrict__ b, T* y, int n, float eps, const RowGroup& g) {
-    constexpr int NV = CACHE_FLOATS / V;
+    constexpr int NV = CACHE_BYTES / (V * (int)sizeof(T));
     const int nvec = n / V;
     // The scalar (unaligned / odd width) path streams: caching it costs registers that
     // would lower the occupancy of the vector path, which shares the kernel.
@@ -132,26 +133,30 @@ __device__ __forceinline__ void norm_row(const RowSrc<T, V, ADD>& src, const T* 
         store_f<T, V>(y + (size_t)i * V, o);
     };
     if (cached) {
-        float v[NV][V];
+        // The row's own type in registers (16-bit rows packed: half the registers of floats),
+        // widened by each pass that reads it.
+        AVec<T, V> v[NV];
 #pragma unroll
         for (int k = 0; k < NV; ++k) {
             const int i = g.tid + k * g.nthreads;
-            if (i < nvec) src.first(i, v[k]);
+            if (i < nvec) v[k] = src.first_vec(i);
         }
         auto get = [&](int k, float* a) {
             if (g.tid + k * g.nthreads >= nvec) return false;
 #pragma unroll
             for (int kk = 0; kk < NV; ++kk)  // constant register indices: v stays in registers
-                if (kk == k)
-#pragma unroll
-                    for (int j = 0; j < V; ++j) a[j] = v[kk][j];
+                if (kk == k) widen<T, V>(v[kk], a);
             return true;
         };
         const Affine f = norm_stats<V, LAYER>(get, NV, n, eps, g);
 #pragma unroll
         for (int k = 0; k < NV; ++k) {
             const int i = g.tid + k * g.nthreads;
-            if (i < nvec) write(i, v[k], f);
+            if (i < nvec) {
+                float a[V];
+                widen<T, V>(v[k], a);
+                write(i, a, f);
+            }
         }
     } else {
         // The statistics' first pass is the row's first read (ADD: it writes s); the later

@@ -6,32 +6,50 @@ namespace to {
 template <typename T, int V>
 __device__ __forceinline__ void softmax_row(const T* __restrict__ x, T* __restrict__ y, int n,
                                             const RowGroup& g) {
-    constexpr int NV = CACHE_FLOATS / V;
+    constexpr int NV = CACHE_BYTES / (V * (int)sizeof(T));
     const int nvec = n / V;
     const float NEG_INF = __int_as_float(0xff800000);
     // The scalar (unaligned / odd width) path streams: caching it costs registers that
     // would lower the occupancy of the vector path, which shares the kernel.
     const bool cached = V > 1 && nvec <= NV * g.nthreads;  // folds to false for V == 1
     if (cached) {
-        float v[NV][V];
+        // The row's own type in registers (common.cuh CACHE_BYTES). fp32 keeps exp(v - m) in
+        // place for the write; a 16-bit row is kept packed and its exp recomputed in the write
+        // pass (the same value both times), which costs arithmetic, not registers or bytes.
+        // 16-bit rows take exp as exp2f((v - m) * log2 e): an FADD, an FMUL and ex2 (~5
+        // instructions against expf's ~9; twice per element, where a 16-bit row has half the
+        // bytes per element of fp32 to hide them behind). Its relative error, ~|v - m| * 2^-24
+        // plus ex2's 2 ulp, is far below a 16-bit output's half ulp (2^-12 / 2^-9).
+        AVec<T, V> v[NV];
         float m = NEG_INF;
 #pragma unroll
         for (int k = 0; k < NV; ++k) {
             const int i = g.tid + k * g.nthreads;
             if (i < nvec) {
-                load_f<T, V>(x + (size_t)i * V, v[k]);
+                float a[V];
+                v[k] = load_vec<T, V>(x + (size_t)i * V);
+                widen<T, V>(v[k], a);
 #pragma unroll
-                for (int j = 0; j < V; ++j) m = fmaxf(m, v[k][j]);
+                for (int j = 0; j < V; ++j) m = fmaxf(m, a[j]);
             }
         }
         m = g.max(m);
+        auto ex = [m](float a) {
+            return sizeof(T) == 4 ? expf(a - m) : exp2f((a - m) * 1.4426950408889634f);
+        };
         float s = 0.0f;
 #pragma unroll
         for (int k = 0; k < NV; ++k) {
             const int i = g.tid + k * g.nthreads;
             if (i < nvec) {
+                float a[V];
+                widen<T, V>(v[k], a);
 #pragma unroll
-                for (int j = 0; j < V; ++j) { v[k][j] = expf(v[k][j] - m); s += v[k][j]; }
+                for (int j = 0; j < V; ++j) {
+                    a[j] = ex(a[j]);
+                    s += a[j];
+                    if constexpr (sizeof(T) == 4) v[k].v[j] = a[j];
+                }
             }
         }
         const float inv = 1.0f / g.sum(s);
@@ -40,8 +58,9 @@ __device__ __forceinline__ void softmax_row(const T* __restrict__ x, T* __restri
             const int i = g.tid + k * g.nthreads;
             if (i < nvec) {
                 float o[V];
+                widen<T, V>(v[k], o);
 #pragma unroll
-                for (int j = 0; j < V; ++j) o[j] = v[k][j] * inv;
+                for (int j = 0; j < V; ++j) o[j] = (sizeof(T) == 4 ? o[j] : ex(o[j])) * inv;
                 store_f<T, V>(y + (size_t)i * V, o);
             }
         }

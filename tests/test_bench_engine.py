@@ -392,10 +392,11 @@ def test_bench_cuda_preset_parses_and_explains_a_missing_gpu(capsys):
     a = mod.parse_args([])
     assert a.ops == list(mod.OPS) and a.dtypes == ["float32", "bfloat16"]
     assert a.shapes == [(8192, 8192), (1, 4096)] and a.iters == 50 and not a.no_compile and a.json is None
-    a = mod.parse_args(["--ops", "rms_norm,softmax", "--dtypes", "float16", "--shapes", "64x128",
-                        "--json", "o.json", "--no-compile", "--rounds", "3"])
-    assert (a.ops, a.dtypes, a.shapes, a.json, a.rounds) == (["rms_norm", "softmax"], ["float16"], [(64, 128)],
-                                                             "o.json", 3)
+    assert not a.graph
+    a = mod.parse_args(["--ops", "rms_norm,softmax,add_rms_norm", "--dtypes", "float16", "--shapes", "64x128",
+                        "--json", "o.json", "--no-compile", "--rounds", "3", "--graph"])
+    assert (a.ops, a.dtypes, a.shapes, a.json, a.rounds, a.graph) == (
+        ["rms_norm", "softmax", "add_rms_norm"], ["float16"], [(64, 128)], "o.json", 3, True)
     for bad in (["--ops", "nope"], ["--dtypes", "int8"], ["--shapes", "64"]):
         with pytest.raises(SystemExit) as exc:
             mod.parse_args(bad)

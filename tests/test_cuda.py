@@ -753,7 +753,9 @@ def emu(emu_lib, monkeypatch):
     return get_function
 
 
-EMU_SHAPES = [(1, 8), (3, 37), (5, 64), (2, 514), (3, 1000), (1, 8200)]
+# 8200: streamed fp32 rows, register-cached 16-bit ones (common.cuh CACHE_BYTES); 16400: streamed in
+# every dtype.
+EMU_SHAPES = [(1, 8), (3, 37), (5, 64), (2, 514), (3, 1000), (1, 8200), (1, 16400)]
 
 
 @pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16"])
@@ -812,6 +814,23 @@ def test_rows_per_block_launch_on_cpu_emulation(emu, monkeypatch, op, shape):
         assert all(b[1] > 1 for b in blocks), blocks      # short rows: several rows per block
 
 
+def test_row_launch_sizes_blocks_by_the_row_bytes_a_thread_caches(monkeypatch):
+    """A thread holds CACHE_BYTES (64) of its row whatever the dtype: rows of 8192 take 512
+    threads in fp32 and 256 in 16 bits (32 packed values each); a warp holds 512 fp32 or 1024
+    16-bit columns."""
+    monkeypatch.setitem(cuda.state.SM_COUNT, 0, 132)
+    f = cuda.arrays.row_launch
+    assert f(8192, 8192, 0, 4) == ((8192, 1, 1), (512, 1, 1))
+    assert f(8192, 8192, 0, 2) == ((8192, 1, 1), (256, 1, 1))
+    assert f(8192, 4096, 0, 2) == ((8192, 1, 1), (128, 1, 1))
+    assert f(4096, 512, 0, 4) == ((1024, 1, 1), (32, 4, 1))
+    assert f(4096, 1024, 0, 2) == ((1024, 1, 1), (32, 4, 1))
+    assert f(10, 1025, 0, 2) == ((10, 1, 1), (64, 1, 1))
+    assert f(10, 20000, 0, 2) == ((10, 1, 1), (512, 1, 1))       # past 512 x 32: streamed
+    src = (ROOT / "cuda_ext" / "common.cuh").read_text()
+    assert f"constexpr int CACHE_BYTES = {cuda.arrays.CACHE_BYTES};" in src
+
+
 def test_rows_cols_launch_shapes():
     f = cuda.arrays.rows_cols_launch
     assert f(64 * 8192, 16) == ((1, 32768, 1), (16, 16, 1))      # rope fp32, 128-wide rows
@@ -822,12 +841,12 @@ def test_rows_cols_launch_shapes():
 
 
 @pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16"])
-@pytest.mark.parametrize("n", [2, 37, 1000, 8200])
+@pytest.mark.parametrize("n", [2, 37, 1000, 8200, 16400])
 @pytest.mark.parametrize("special", ["nan", "inf"])
 def test_softmax_special_values_on_cpu_emulation(emu, n, dtype, special):
     """A row holding a NaN or a +inf is all NaN, as NumPy and torch give, on each path: the
-    scalar (n = 2, 37), cached (1000) and streamed (8200) rows. The streamed/scalar online max
-    skipped a NaN that was a thread's first element: the GPU fuzz run of 2026-11-27 got
+    scalar (n = 2, 37), cached (1000; 8200 in 16 bits) and streamed (8200 fp32, 16400) rows.
+    The streamed/scalar online max skipped a NaN that was a thread's first element: the GPU fuzz run of 2026-11-27 got
     [nan, 1] for the fp16 row [nan, x]. Other rows of the launch are unaffected."""
     rng = np.random.default_rng(n)
     x = rng.standard_normal((3, n)).astype(np.float32)

@@ -199,12 +199,18 @@ def sm_count(dev: int) -> int:
     return state.SM_COUNT[dev]
 
 
-def row_launch(rows: int, n: int, dev: int):
-    """One warp per row up to 512 columns (16 cached floats x 32 lanes), else one block per
-    row of up to 512 threads (16 cached floats each: rows of 8192 stay in registers)."""
-    if n <= 512:
+CACHE_BYTES = 64  # cuda_ext/common.cuh: the row bytes a thread keeps in registers
+
+
+def row_launch(rows: int, n: int, dev: int, itemsize: int = 4):
+    """One warp per row while 32 lanes hold the row (CACHE_BYTES each: 512 fp32 or 1024
+    16-bit columns), else one block per row of up to 512 threads, each holding CACHE_BYTES of
+    it (rows of 8192 stay in registers: 512 threads fp32, 256 threads 16-bit). Sized in bytes,
+    not elements, so a 16-bit row keeps as many bytes in flight per thread as an fp32 row."""
+    per_thread = CACHE_BYTES // itemsize
+    if n <= 32 * per_thread:
         return (min(math.ceil(rows / 4), sm_count(dev) * 64), 1, 1), (32, 4, 1)
-    threads = min(512, max(64, 1 << max(0, math.ceil(math.log2(math.ceil(n / 16))))))
+    threads = min(512, max(64, 1 << max(0, math.ceil(math.log2(math.ceil(n / per_thread))))))
     return (min(rows, 1 << 20), 1, 1), (threads, 1, 1)
 
 

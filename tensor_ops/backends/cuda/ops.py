@@ -39,7 +39,7 @@ def rms_norm(x, weight, eps, out=None):
         rows, n = x.shape
         y = out if out is not None else c.empty(x, (rows, n))
         vec = _vec(c, n) and aligned(c.kind, x, weight, y)
-        grid, block = row_launch(rows, n, c.dev)
+        grid, block = row_launch(rows, n, c.dev, ITEMSIZE[c.dtype])
         _launch(c, "rms_norm", grid, block, (p(x, c.kind), p(weight, c.kind), p(y, c.kind), np.int64(rows),
                                              np.int32(n), np.float32(eps), np.int32(vec)))
         return y
@@ -51,7 +51,7 @@ def layer_norm(x, weight, bias, eps, out=None):
         rows, n = x.shape
         y = out if out is not None else c.empty(x, (rows, n))
         vec = _vec(c, n) and aligned(c.kind, x, weight, bias, y)
-        grid, block = row_launch(rows, n, c.dev)
+        grid, block = row_launch(rows, n, c.dev, ITEMSIZE[c.dtype])
         _launch(c, "layer_norm", grid, block, (p(x, c.kind), p(weight, c.kind), p(bias, c.kind), p(y, c.kind),
                                                np.int64(rows), np.int32(n), np.float32(eps), np.int32(vec)))
         return y
@@ -69,7 +69,7 @@ def _add_norm(op, x, residual, weight, bias, eps, out, residual_out):
         y = out if out is not None else c.empty(x, (rows, n))
         s = residual_out if residual_out is not None else c.empty(x, (rows, n))
         vec = _vec(c, n) and aligned(c.kind, x, residual, weight, bias, y, s)
-        grid, block = row_launch(rows, n, c.dev)
+        grid, block = row_launch(rows, n, c.dev, ITEMSIZE[c.dtype])
         ws = (p(weight, c.kind), p(bias, c.kind)) if layer else (p(weight, c.kind),)
         _launch(c, op, grid, block, (p(x, c.kind), p(residual, c.kind), *ws, p(y, c.kind), p(s, c.kind),
                                      np.int64(rows), np.int32(n), np.float32(eps), np.int32(vec)))
@@ -91,7 +91,7 @@ def softmax(x, out=None):
         rows, n = x.shape
         y = out if out is not None else c.empty(x, (rows, n))
         vec = _vec(c, n) and aligned(c.kind, x, y)
-        grid, block = row_launch(rows, n, c.dev)
+        grid, block = row_launch(rows, n, c.dev, ITEMSIZE[c.dtype])
         _launch(c, "softmax", grid, block, (p(x, c.kind), p(y, c.kind), np.int64(rows), np.int32(n),
                                             np.int32(vec)))
         return y
