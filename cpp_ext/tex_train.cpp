@@ -76,38 +76,6 @@ inline auto stored_summed(V v, float* acc, int64_t k) {
     }
 }
 
-// Two rows' values at one index: the second row's stored at y1 (streamed when nt: rows of
-// n % W == 0 share their alignment, so y1 is aligned where write_row streams the first), both
-// added to the column sums with one load and store of acc; returns the first row's.
-template <class T>
-inline auto stored_summed2(V a, V b, float* acc, T* y1, bool nt) {
-    if constexpr (sizeof(T) == sizeof(float)) {
-        vstore(acc, vload(acc) + (a + b));
-        if (nt) vstream(y1, b); else vstore(y1, b);
-        return a;
-    } else {
-        H ha, hb;
-        const V ra = vround16((const T*)nullptr, a, ha), rb = vround16((const T*)nullptr, b, hb);
-        vstore(acc, vload(acc) + (ra + rb));
-        if (nt) vstream(y1, hb); else vstore(y1, hb);
-        return ha;
-    }
-}
-template <class T>
-inline auto stored_summed2(V a, V b, float* acc, T* y1, int64_t k) {
-    if constexpr (sizeof(T) == sizeof(float)) {
-        vstore_part(acc, vload_part(acc, k, 0.f) + (a + b), k);
-        vstore_part(y1, b, k);
-        return a;
-    } else {
-        H ha, hb;
-        const V ra = vround16((const T*)nullptr, a, ha), rb = vround16((const T*)nullptr, b, hb);
-        vstore_part(acc, vload_part(acc, k, 0.f) + (ra + rb), k);
-        vstore_part(y1, hb, k);
-        return ha;
-    }
-}
-
 // y = g * act'(x) over rows x n; with acc (fp32 [n]) the column sums of y are added to it.
 template <class T, int OP>
 void dact_k(const void* gv, const void* xv, void* yv, int64_t rows, int64_t n, float* acc, bool nt) {
@@ -120,26 +88,12 @@ void dact_k(const void* gv, const void* xv, void* yv, int64_t rows, int64_t n, f
             y, cnt, nt, [&](int64_t i) { return vload(g + i) * dact_v<OP>(vload(x + i)); },
             [&](int64_t i, int64_t k) { return vload_part(g + i, k, 0.f) * dact_v<OP>(vload_part(x + i, k, 0.f)); });
     } else {
-        int64_t r = 0;
-        // Rows in pairs where they share their alignment: the fp32 column sums are loaded and
-        // stored once per two rows (acc += y_r + y_{r+1}).
-        if (n % W == 0)
-            for (; r + 1 < rows; r += 2) {
-                const T *g0 = g + r * n, *x0 = x + r * n, *g1 = g0 + n, *x1 = x0 + n;
-                T* y1 = y + (r + 1) * n;
-                write_row(
-                    y + r * n, n, nt,
-                    [&](int64_t i) {
-                        return stored_summed2<T>(vload(g0 + i) * dact_v<OP>(vload(x0 + i)),
-                                                 vload(g1 + i) * dact_v<OP>(vload(x1 + i)), acc + i, y1 + i, nt);
-                    },
-                    [&](int64_t i, int64_t k) {
-                        return stored_summed2<T>(vload_part(g0 + i, k, 0.f) * dact_v<OP>(vload_part(x0 + i, k, 0.f)),
-                                                 vload_part(g1 + i, k, 0.f) * dact_v<OP>(vload_part(x1 + i, k, 0.f)),
-                                                 acc + i, y1 + i, k);
-                    });
-            }
-        for (; r < rows; ++r) {
+        // Row by row. Rows in pairs (one load and store of the fp32 column sums per two rows,
+        // the second row's output streamed beside the first's) gained 1.05-1.07x on an Intel
+        // Cascade Lake but made 16-bit dbias 1.6-2.1x slower on an AMD EPYC Zen 3; with plain
+        // stores for the second row, or at cached sizes, they gained nothing there
+        // (CONTRIBUTING.md, "dbias rows in pairs").
+        for (int64_t r = 0; r < rows; ++r) {
             const T* gr = g + r * n;
             const T* xr = x + r * n;
             // write_row visits each index once (aligned body, partial head/tail): the column sums
