@@ -221,12 +221,16 @@ inline double add_into(const T* x, const T* r, float* e, int64_t n) {
 // gets its own write_row pass. 16-bit outputs off a vector boundary keep the two passes too:
 // fused, they ran 0.95-0.97x in bf16 and 0.95 / 1.01x in fp16 (np.empty's page + 16) where the
 // aligned cases gained up to 1.14x (CONTRIBUTING "The fused add's two outputs in one pass").
+// So do the AVX2 builds: on an AMD EPYC Zen 3 two interleaved streams of streaming stores ran
+// the 16-bit fused adds 1.2-2.0x slower than two passes, and at some placements fp32's and
+// fp16's took 2-8x their usual time (CONTRIBUTING "Two interleaved streams of streaming
+// stores"); the one-pass gains were measured on AVX-512 builds.
 template <class T, class Full, class Part>
 inline void write_pair(T* y, T* o, const float* e, int64_t n, bool nt, const Full& full, const Part& part,
                        Prefetch pfx, Prefetch pfr) {
     const uintptr_t A = (uintptr_t)W * sizeof(T);
     const T* e16 = e16_of<T>(const_cast<float*>(e), n);
-    if (nt && W > 1 && ((uintptr_t)y % A != (uintptr_t)o % A || (sizeof(T) < 4 && (uintptr_t)y % A))) {
+    if (nt && W > 1 && (TO_ISA < 2 || (uintptr_t)y % A != (uintptr_t)o % A || (sizeof(T) < 4 && (uintptr_t)y % A))) {
         write_row(y, n, nt, full, part, pfx);
         if constexpr (sizeof(T) < 4)  // e16's bits, as the one-pass form copies them
             write_row(
