@@ -223,7 +223,7 @@ inline double add_into(const T* x, const T* r, float* e, int64_t n) {
 // aligned cases gained up to 1.14x (CONTRIBUTING "The fused add's two outputs in one pass").
 // So do the AVX2 builds: on an AMD EPYC Zen 3 two interleaved streams of streaming stores ran
 // the 16-bit fused adds 1.2-2.0x slower than two passes, and at some placements fp32's and
-// fp16's took 2-8x their usual time (CONTRIBUTING "Two interleaved streams of streaming
+// fp16's took 3.5-9x their usual time (CONTRIBUTING "Two interleaved streams of streaming
 // stores"); the one-pass gains were measured on AVX-512 builds.
 template <class T, class Full, class Part>
 inline void write_pair(T* y, T* o, const float* e, int64_t n, bool nt, const Full& full, const Part& part,
