@@ -1,4 +1,5 @@
-// rms_norm and layer_norm (+ the fused residual add: add_rms_norm, add_layer_norm): one warp per row (n <= 1024) or one block per row, launch-selected.
+// rms_norm and layer_norm (+ the fused residual add: add_rms_norm, add_layer_norm): one warp per row
+// (n <= 512 fp32, 1024 16-bit: arrays.row_launch) or one block per row, launch-selected.
 // The row stays in registers when it fits (CACHE_BYTES per thread, packed); longer rows are
 // re-read in streaming passes. 16-byte loads when the host says every row is aligned.
 // All four kernels run one row function, norm_row: the plain and the fused-add forms differ

@@ -16,10 +16,11 @@ __device__ __forceinline__ void softmax_row(const T* __restrict__ x, T* __restri
         // The row's own type in registers (common.cuh CACHE_BYTES). fp32 keeps exp(v - m) in
         // place for the write; a 16-bit row is kept packed and its exp recomputed in the write
         // pass (the same value both times), which costs arithmetic, not registers or bytes.
-        // 16-bit rows take exp as exp2f((v - m) * log2 e): an FADD, an FMUL and ex2 (~5
-        // instructions against expf's ~9; twice per element, where a 16-bit row has half the
-        // bytes per element of fp32 to hide them behind). Its relative error, ~|v - m| * 2^-24
-        // plus ex2's 2 ulp, is far below a 16-bit output's half ulp (2^-12 / 2^-9).
+        // 16-bit rows take exp as exp2f((v - m) * log2 e): an FADD, an FMUL and ex2 with its
+        // subnormal scaling (~6 SASS instructions against expf's ~9; twice per element, where a
+        // 16-bit row has half the bytes per element of fp32 to hide them behind). Its relative
+        // error, ~|v - m| * 2^-24 plus ex2's 2 ulp, is far below a 16-bit output's half ulp
+        // (2^-12 / 2^-9).
         AVec<T, V> v[NV];
         float m = NEG_INF;
 #pragma unroll
