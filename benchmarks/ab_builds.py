@@ -29,7 +29,8 @@ scaled softmax as tex calls it (``tex_softmax``, ``tex_softmax_mask``, ``tex_sof
 ``tex_softmax_bwd``: the extension's entry points on (rows, 4096)) and TE's activation
 derivatives (``tex_d<act>``, e.g. ``tex_dgelu``; ``tex_dbias_d<act>`` with the bias gradient)
 and norm backwards (``tex_rms_norm_bwd``, ``tex_layer_norm_bwd``: dx and dgamma (+ dbeta)).
-``--out-offset 0`` puts every array of a call (inputs and outputs) on a 64-byte boundary
+``tex_sgd`` and ``tex_adam`` are the optimizer steps on one flat tensor (in place: the parameters
+drift a little each call). ``--out-offset 0`` puts every array of a call (inputs and outputs) on a 64-byte boundary
 instead, at one page offset, as torch allocates them (what TE's calls see).
 """
 from __future__ import annotations
@@ -126,6 +127,18 @@ def _tex_calls(mod, op: str, dtype: str, rows: int, offset=None):
             return lambda: mod.rms_norm_bwd(dz, x, rs, gamma, out, dg, **kw)
         mu, db = np.zeros(rows, np.float32), np.empty_like(gamma)
         return lambda: mod.layer_norm_bwd(dz, x, mu, rs, gamma, out, dg, db, **kw)
+    if op == "tex_sgd":  # multi_tensor_sgd's step on one flat tensor: momentum 0.9, wd 1e-3 (in place)
+        p, buf = x.reshape(-1), _out_like(x, offset).reshape(-1)
+        buf[...] = 0
+        g = _out_like(x, offset)
+        g[...] = x[::-1]
+        return lambda: mod.sgd_step(g.reshape(-1), p, buf, 1e-3, 0.9, 0.0, 1e-3, False, False, False, 1.0, **kw)
+    if op == "tex_adam":  # AdamW on one flat tensor, fp32 moments (in place)
+        p = x.reshape(-1)
+        g = _out_like(x, offset).reshape(-1)
+        g[...] = p[::-1]
+        m, v = np.zeros(p.size, np.float32), np.zeros(p.size, np.float32)
+        return lambda: mod.adam_step(g, p, m, v, 1e-3, 0.9, 0.999, 1e-8, 0.1, 0.001, 1, 0.01, None, **kw)
     if op == "tex_softmax_bwd":
         dy = _out_like(x, offset)
         dy[...] = x[::-1]

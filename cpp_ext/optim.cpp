@@ -22,32 +22,44 @@ namespace {
 //   p = p + ((-lr/bc1) * m) / d           (addcdiv_: value*t1 first, then / t2)
 // with 1 - beta1, 1 - beta2, lr/bc1, sqrt(bc2), 1 - lr*wd from the caller's doubles, rounded
 // once, as torch's Python scalars are.
-template <class TG, class TP>
-void adam_k(const void* gv, void* pv, float* m, float* v, float* master, int64_t n, const AdamParams* a) {
-    const TG* g = (const TG*)gv;
-    TP* p = (TP*)pv;
-    const V b2 = vset(a->beta2), ob2 = vset(a->one_m_beta2);
-    const bool small = a->one_m_beta1 < 0.5f;
-    const V lw = vset(small ? a->one_m_beta1 : a->one_m_beta1 - 1.0f);
-    const V nstep = vset(-a->step_size), bc2s = vset(a->bc2_sqrt), eps = vset(a->eps);
-    const V wd = vset(a->weight_decay), decay = vset(a->decay);
-    const bool l2 = a->mode == 0;
-    for (int64_t i = 0; i < n; i += W) {
-        const int64_t k = n - i < W ? n - i : W;
-        V P = master ? ld(master + i, k) : ld(p + i, k);
+//
+// One loop per combination of the flags (L2 or AdamW, torch's lerp branch, master copy;
+// variant.h with_flag), the parameters in locals.
+template <class TG, class TP, bool L2, bool SMALL, bool MASTER>
+void adam_loop(const TG* g, TP* p, float* m, float* v, float* master, int64_t n, const AdamParams q) {
+    const V b2 = vset(q.beta2), ob2 = vset(q.one_m_beta2);
+    const V lw = vset(SMALL ? q.one_m_beta1 : q.one_m_beta1 - 1.0f);
+    const V nstep = vset(-q.step_size), bc2s = vset(q.bc2_sqrt), eps = vset(q.eps);
+    const V wd = vset(q.weight_decay), decay = vset(q.decay);
+    for_vectors(n, [&](int64_t i, int64_t k) {
+        V P = MASTER ? ld(master + i, k) : ld(p + i, k);
         V G = ld(g + i, k);
-        if (l2) G = vfma_once(wd, P, G);
-        else P = P * decay;
+        // vopaque: torch rounds p * (1 - lr*wd) before the update is added; with the flag a constant,
+        // GCC contracted the two into one FMA (test_tex_train_parity.py caught the ulp)
+        if constexpr (L2) G = vfma_once(wd, P, G);
+        else P = vopaque(P * decay);
         const V M0 = ld(m + i, k);
-        const V Mv = vfma_once(lw, G - M0, small ? M0 : G);
+        const V Mv = vfma_once(lw, G - M0, SMALL ? M0 : G);
         const V Vv = vfma_once(ob2 * G, G, ld(v + i, k) * b2);
         const V denom = vsqrt(Vv) / bc2s + eps;
         P = P + (nstep * Mv) / denom;
         st(m + i, Mv, k);
         st(v + i, Vv, k);
-        if (master) st(master + i, P, k);
+        if constexpr (MASTER) st(master + i, P, k);
         st(p + i, P, k);
-    }
+    });
+}
+
+template <class TG, class TP>
+void adam_k(const void* gv, void* pv, float* m, float* v, float* master, int64_t n, const AdamParams* a) {
+    const AdamParams q = *a;
+    with_flag(q.mode == 0, [&](auto l2) {
+        with_flag(q.one_m_beta1 < 0.5f, [&](auto small) {
+            with_flag(master != nullptr, [&](auto with_master) {
+                adam_loop<TG, TP, l2(), small(), with_master()>((const TG*)gv, (TP*)pv, m, v, master, n, q);
+            });
+        });
+    });
 }
 
 // out = in*s. Non-finite detection costs one add per vector: x*0 is 0 for finite x and
@@ -58,12 +70,11 @@ int scale_k(const void* iv, void* ov, int64_t n, float s) {
     TO* out = (TO*)ov;
     const V vs = vset(s), zero = vset(0.0f);
     V bad = vset(0.0f);
-    for (int64_t i = 0; i < n; i += W) {
-        const int64_t k = n - i < W ? n - i : W;
-        V x = ld(in + i, k);
+    for_vectors(n, [&](int64_t i, int64_t k) {
+        const V x = ld(in + i, k);
         bad = vfma(x, zero, bad);
         st(out + i, x * vs, k);
-    }
+    });
     const float b = hsum(bad);
     return b != b;
 }
@@ -74,19 +85,13 @@ double sumsq_k(const void* xv, int64_t n) { return row_sumsq((const T*)xv, n); }
 template <class T>
 void from_f32_k(const float* in, void* ov, int64_t n) {
     T* out = (T*)ov;
-    for (int64_t i = 0; i < n; i += W) {
-        const int64_t k = n - i < W ? n - i : W;
-        st(out + i, ld(in + i, k), k);
-    }
+    for_vectors(n, [&](int64_t i, int64_t k) { st(out + i, ld(in + i, k), k); });
 }
 
 template <class T>
 void to_f32_k(const void* iv, float* out, int64_t n) {
     const T* in = (const T*)iv;
-    for (int64_t i = 0; i < n; i += W) {
-        const int64_t k = n - i < W ? n - i : W;
-        st(out + i, ld(in + i, k), k);
-    }
+    for_vectors(n, [&](int64_t i, int64_t k) { st(out + i, ld(in + i, k), k); });
 }
 
 template <class TG>

@@ -90,8 +90,8 @@ void dact_k(const void* gv, const void* xv, void* yv, int64_t rows, int64_t n, f
     } else {
         // Row by row. Rows in pairs (one load and store of the fp32 column sums per two rows,
         // the second row's output streamed beside the first's) gained 1.05-1.07x on an Intel
-        // Cascade Lake but made 16-bit dbias 1.6-2.1x slower on an AMD EPYC Zen 3; with plain
-        // stores for the second row, or at cached sizes, they gained nothing there
+        // Cascade Lake but made 16-bit dbias 1.56-2.14x slower on an AMD EPYC Zen 3; with plain
+        // stores for the second row still ~6% slower there, at cached sizes 0.95-1.03x
         // (CONTRIBUTING.md, "dbias rows in pairs").
         for (int64_t r = 0; r < rows; ++r) {
             const T* gr = g + r * n;
@@ -224,26 +224,44 @@ void colsum_k(const void* xv, int64_t rows, int64_t n, float* blk, double* tot) 
 }
 
 // SGD (apex/TE): g = grad*scale [+ wd p]; momentum buffer; [+ wd p after]; p -= lr g.
+// One loop per combination of the flags, its parameters in locals: read through sgd_k's `a` in
+// the loop, GCC loaded every field again per vector (a store through p or b may alias *a as far
+// as it knows) and tested the flags there: 5.9 instructions per fp32 value, 10.1 per bf16
+// (callgrind, AVX2), so that bf16 ran no faster than fp32.
+template <class T, bool WD_BEFORE, bool WD_AFTER, bool MOM, bool FIRST, bool NESTEROV>
+void sgd_loop(const T* g, T* p, T* b, int64_t n, const SgdParams q) {
+    const V scale = vset(q.scale), wd = vset(q.wd), mom = vset(q.momentum), damp = vset(1.0f - q.dampening),
+            lr = vset(q.lr);
+    for_vectors(n, [&](int64_t i, int64_t k) {
+        const V pp = ld(p + i, k);
+        V gg = ld(g + i, k) * scale;
+        if constexpr (WD_BEFORE) gg = vfma_once(wd, pp, gg);
+        if constexpr (MOM) {
+            V buf = gg;
+            if constexpr (!FIRST) buf = vfma_once(mom, ld(b + i, k), damp * gg);
+            st(b + i, buf, k);
+            gg = NESTEROV ? vfma_once(mom, buf, gg) : buf;
+        }
+        if constexpr (WD_AFTER) gg = vfma_once(wd, pp, gg);
+        st(p + i, vfnma_once(lr, gg, pp), k);
+    });
+}
+
 template <class T>
 void sgd_k(const void* gv, void* pv, void* bv, int64_t n, const SgdParams* a) {
-    const T* g = (const T*)gv;
-    T* p = (T*)pv;
-    T* b = (T*)bv;
-    const V scale = vset(a->scale), wd = vset(a->wd), mom = vset(a->momentum), damp = vset(1.0f - a->dampening),
-            lr = vset(a->lr);
-    for (int64_t i = 0; i < n; i += W) {
-        const int64_t k = n - i < W ? n - i : W;
-        V pp = ld(p + i, k);
-        V gg = ld(g + i, k) * scale;
-        if (a->wd != 0.0f && !a->wd_after) gg = vfma_once(wd, pp, gg);
-        if (a->momentum != 0.0f) {
-            V buf = a->first_run ? gg : vfma_once(mom, ld(b + i, k), damp * gg);
-            st(b + i, buf, k);
-            gg = a->nesterov ? vfma_once(mom, buf, gg) : buf;
-        }
-        if (a->wd != 0.0f && a->wd_after) gg = vfma_once(wd, pp, gg);
-        st(p + i, vfnma_once(lr, gg, pp), k);
-    }
+    const SgdParams q = *a;
+    with_flag(q.wd != 0.0f && !q.wd_after, [&](auto wd_before) {
+        with_flag(q.wd != 0.0f && q.wd_after, [&](auto wd_after) {
+            with_flag(q.momentum != 0.0f, [&](auto mom) {
+                with_flag(q.first_run, [&](auto first) {
+                    with_flag(q.nesterov, [&](auto nesterov) {
+                        sgd_loop<T, wd_before(), wd_after(), mom(), first(), nesterov()>((const T*)gv, (T*)pv, (T*)bv,
+                                                                                         n, q);
+                    });
+                });
+            });
+        });
+    });
 }
 
 template <class T>

@@ -1,5 +1,7 @@
 // variant.h: what every per-ISA kernel file shares (included after vmath.h; brings simd.h and rowio.h).
 #pragma once
+#include <type_traits>
+
 #include "kernels.h"
 #include "rowio.h"
 
@@ -26,6 +28,26 @@ template <class T>
 inline void st(T* p, V v, int64_t k) {
     if (k == W) vstore(p, v);
     else vstore_part(p, v, k);
+}
+
+// f(i, k) over [0, n) a vector at a time: the full vectors with k == W, a constant once f is
+// inlined (so ld/st's partial branch leaves the loop), then the tail once. The flat kernels
+// (optim.cpp, tex_train.cpp sgd_k) wrote `k = min(n - i, W)` in every iteration instead, and
+// kept that branch per load and store.
+template <class F>
+inline void for_vectors(int64_t n, F&& f) {
+    int64_t i = 0;
+    for (; i + W <= n; i += W) f(i, (int64_t)W);
+    if (i < n) f(i, n - i);
+}
+
+// f(std::true_type{}) or f(std::false_type{}): a runtime flag as a constant of f's body, for
+// kernels that compile one loop per combination of their flags (sgd_k, adam_k). A flag tested
+// inside a loop GCC did not unswitch cost 2-4 instructions per vector.
+template <class F>
+inline void with_flag(bool b, F&& f) {
+    if (b) f(std::true_type{});
+    else f(std::false_type{});
 }
 
 // A row's sum (SQ: of squares; BOTH: the sum and the sum of squares together, for

@@ -208,3 +208,45 @@ def test_scale_in_place_and_aliasing(backend):
     with T.forced(backend):
         tex.multi_tensor_scale(65536, noop, [[src], [dst]], 0.5)
     T.assert_close(dst, exp)
+
+
+def _apex_sgd_f64(g, p, buf, wd, momentum, dampening, lr, nesterov, first_run, wd_after, scale):
+    """apex's / TE's SGD kernel (multi_tensor_sgd_kernel.cu) in float64: the oracle for every flag."""
+    g, p, buf = g.double() * scale, p.double(), buf.double()
+    if wd != 0 and not wd_after:
+        g = g + wd * p
+    if momentum != 0:
+        buf = g if first_run else buf * momentum + (1 - dampening) * g
+        g = g + momentum * buf if nesterov else buf
+    if wd != 0 and wd_after:
+        g = g + wd * p
+    return p - lr * g, buf
+
+
+FLAGS = [(wd, wd_after, momentum, nesterov, first_run)
+         for wd in (0.0, 0.01) for wd_after in (False, True) for momentum in (0.0, 0.9)
+         for nesterov in (False, True) for first_run in (False, True)]
+
+
+@pytest.mark.parametrize("backend", T.backends_for("multi_tensor_sgd"))
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("wd,wd_after,momentum,nesterov,first_run", FLAGS)
+def test_sgd_every_flag_combination_vs_float64(backend, dtype, wd, wd_after, momentum, nesterov, first_run):
+    """Each combination of the flags (the cpp kernel compiles one loop per combination), grad scale
+    and dampening, on sizes with a partial last vector, against apex's formula in float64."""
+    lr, dampening, scale = 0.05, 0.25, 0.5
+    params, gs = _params(dtype), _grads(1, dtype)
+    bufs = [T.rand(p.shape, dtype, seed=77 + i) for i, p in enumerate(params)]
+    want = [_apex_sgd_f64(g, p, b, wd, momentum, dampening, lr, nesterov, first_run, wd_after, scale)
+            for g, p, b in zip(gs, params, bufs)]
+    untouched = [b.clone() for b in bufs]
+    with T.forced(backend):
+        multi_tensor_applier(tex.multi_tensor_sgd, torch.zeros(1, dtype=torch.int32), [gs, params, bufs], wd, momentum,
+                             dampening, lr, nesterov, first_run, wd_after, scale)
+    tol = {torch.float32: 2e-6, torch.float16: 1e-3, torch.bfloat16: 8e-3}[dtype]
+    for p, b, u, (wp, wb) in zip(params, bufs, untouched, want):
+        torch.testing.assert_close(p.double(), wp, rtol=tol, atol=tol)
+        if momentum != 0:
+            torch.testing.assert_close(b.double(), wb, rtol=tol, atol=tol)
+        else:
+            assert torch.equal(b, u)  # no momentum: the buffer is not written
