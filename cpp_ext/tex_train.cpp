@@ -224,10 +224,10 @@ void colsum_k(const void* xv, int64_t rows, int64_t n, float* blk, double* tot) 
 }
 
 // SGD (apex/TE): g = grad*scale [+ wd p]; momentum buffer; [+ wd p after]; p -= lr g.
-// One loop per combination of the flags, its parameters in locals: read through sgd_k's `a` in
-// the loop, GCC loaded every field again per vector (a store through p or b may alias *a as far
-// as it knows) and tested the flags there: 5.9 instructions per fp32 value, 10.1 per bf16
-// (callgrind, AVX2), so that bf16 ran no faster than fp32.
+// One loop per combination of the flags, its parameters in locals. Before, the loop read them
+// through sgd_k's `a`: GCC loaded every field again per vector (a store through p or b may alias
+// *a as far as it knows) and tested the flags there, 5.9 instructions per fp32 value and 10.1 per
+// bf16 (callgrind, AVX2; now 1.5 and 4.4), so that bf16 ran no faster than fp32.
 template <class T, bool WD_BEFORE, bool WD_AFTER, bool MOM, bool FIRST, bool NESTEROV>
 void sgd_loop(const T* g, T* p, T* b, int64_t n, const SgdParams q) {
     const V scale = vset(q.scale), wd = vset(q.wd), mom = vset(q.momentum), damp = vset(1.0f - q.dampening),
