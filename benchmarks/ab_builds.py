@@ -27,7 +27,9 @@ The cases are the benchmark's own (``_bench_cases.bench_case``: (rows, 4096), ro
 128)), ``out=`` given as ``np.empty`` gives it (16 bytes past a 64-byte boundary); and TE's
 scaled softmax as tex calls it (``tex_softmax``, ``tex_softmax_mask``, ``tex_softmax_causal``,
 ``tex_softmax_bwd``: the extension's entry points on (rows, 4096)) and TE's activation
-derivatives (``tex_d<act>``, e.g. ``tex_dgelu``; ``tex_dbias_d<act>`` with the bias gradient)
+derivatives (``tex_d<act>``, e.g. ``tex_dgelu``; ``tex_dbias_d<act>`` with the bias gradient;
+``tex_dglu_<act>``, the gated ones on (rows, [2048 | 2048]) rows: ``tex_dglu_silu`` is dswiglu,
+``tex_dglu_gelu`` TE's tanh dgeglu)
 and norm backwards (``tex_rms_norm_bwd``, ``tex_layer_norm_bwd``: dx and dgamma (+ dbeta)).
 ``tex_sgd`` and ``tex_adam`` are the optimizer steps on one flat tensor (in place: the parameters
 drift a little each call). ``--out-offset 0`` puts every array of a call (inputs and outputs) on a 64-byte boundary
@@ -110,6 +112,11 @@ def _tex_calls(mod, op: str, dtype: str, rows: int, offset=None):
     x, bf = _native(_placed(rng.standard_normal((rows, 4096), np.float32).astype(dtype), offset))
     kw = {"dtype": bf} if bf else {}
     out = _out_like(x, offset)
+    if op.startswith("tex_dglu_"):  # TE's gated derivatives (dswiglu: tex_dglu_silu): [a | b] rows, grad (rows, 2048)
+        g = _out_like(x[:, :2048], offset)
+        g[...] = x[::-1, 1024:3072]
+        kind = mod.DACT_CODES[op[len("tex_dglu_"):]]
+        return lambda: mod.dglu(g, x, out, kind, **kw)
     if op.startswith("tex_d"):  # tex_d<act>, tex_dbias_d<act>
         g = _out_like(x, offset)
         g[...] = x[::-1]

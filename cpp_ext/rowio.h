@@ -149,6 +149,12 @@ __attribute__((flatten)) inline PF write_row(T* y, int64_t n, bool nt, const Ful
     return pf;  // its state: what a StepWith carried (the next row's sum)
 }
 
+// Vectors of T per 64-byte line (1 where a vector is a line or more): the two-output writers
+// that stream a line of each output in turn on AVX2 (backward.cpp gated_bwd_k, rope.cpp
+// rope_half_row) compute this many vectors of each before storing.
+template <class T>
+constexpr int line_vectors() { return 64 / (W * (int)sizeof(T)) > 0 ? 64 / (W * (int)sizeof(T)) : 1; }
+
 // The Prefetch for the row after the one at x (n elements of T), spread over a write of n
 // elements; none when there is no next row.
 template <class T>

@@ -370,11 +370,12 @@ def test_ab_builds_compares_two_loaded_builds(capsys):
     again = mod.load_other(_cpp.__file__)
     assert again is not other and again.rms_norm is not other.rms_norm
     ops = ("rms_norm", "add_rms_norm", "gelu_tanh", "rope", "tex_softmax", "tex_softmax_mask",
-           "tex_softmax_causal", "tex_softmax_bwd", "tex_dgelu", "tex_dbias_dsilu", "tex_sgd", "tex_adam")
+           "tex_softmax_causal", "tex_softmax_bwd", "tex_dgelu", "tex_dbias_dsilu", "tex_dglu_silu", "tex_sgd",
+           "tex_adam")
     mod.main([_cpp.__file__, "--ops", *ops, "--dtypes", "float32", "bfloat16", "--rows", "16", "--rounds", "1"])
     out = capsys.readouterr().out
     lines = [ln for ln in out.splitlines() if ln.split() and ln.split()[0] in ops]
-    assert len(lines) == 24 and not any("error" in ln for ln in lines), out
+    assert len(lines) == 26 and not any("error" in ln for ln in lines), out
     # --out-offset: every array of a call (inputs too, small ones too) at page + 64 + offset
     for n in (100, 1 << 22):
         for off in (0, 16):

@@ -269,6 +269,36 @@ def test_nontemporal_path_matches(C):
 
 
 @pytest.mark.parametrize("dt", DTYPES)
+@pytest.mark.parametrize("kind", ["silu", "gelu", "relu"])
+def test_gated_bwd_streaming_matches(C, dt, kind):
+    """TE's gated derivatives (dglu: backward.cpp gated_bwd_k, also the autograd's glu2_bwd)
+    write the same bits with streaming stores as with cached ones. On AVX2 the streaming form
+    writes a line of da, then a line of db, from da's first line boundary on: rows of many
+    lines and a partial one (h = 1096), one vector (8), rows whose db half starts off a vector
+    boundary (1100, 1031: cached stores), each with the output on a line boundary, a vector
+    past it (8 elements: a head up to the line) and off the vector boundary (1, 4)."""
+    rng = np.random.default_rng(7)
+    old = C.build_info()["nontemporal_threshold_bytes"]
+    code = C.DACT_CODES[kind]
+    try:
+        for h in (8, 1096, 1100, 1031):
+            x, _, kw = as_dtype(rng.standard_normal((5, 2 * h)) * 3, dt)
+            g, _, _ = as_dtype(rng.standard_normal((5, h)), dt)
+            C._set_tuning(-1, 1 << 40)
+            want = np.empty_like(x)
+            C.dglu(g, x, want, code, **kw)
+            C._set_tuning(-1, 0)
+            buf = np.empty(x.size + 64, x.dtype)
+            base = (-buf.ctypes.data % 64) // x.itemsize
+            for off in (0, 1, 4, 8):
+                y = buf[base + off:base + off + x.size].reshape(x.shape)
+                C.dglu(g, x, y, code, **kw)
+                np.testing.assert_array_equal(y, want, err_msg=f"h={h}, out at +{off} elements")
+    finally:
+        C._set_tuning(-1, old)
+
+
+@pytest.mark.parametrize("dt", DTYPES)
 @pytest.mark.parametrize("layer", [False, True], ids=["add_rms_norm", "add_layer_norm"])
 def test_fused_add_outputs_at_every_placement(C, dt, layer):
     """add_rms_norm / add_layer_norm write both outputs in one pass where they share their
