@@ -69,30 +69,6 @@ inline V vsplit(V vc, V& s) {
 inline V vscale2n(V y, V s) { return vldexp(y, s); }
 #endif
 
-// 2^v, "fast" form, for callers that fold log2(e) into their own constants (silu, tanh-GELU):
-// that saves vexp's multiply, and the reduction f = v - round(v) is exact, so one
-// subtraction replaces the two-step Cody-Waite correction (3 FMA-pipe instructions become
-// 1 add; measured against vexp's route: silu 34.0 -> 40.6 GB/s, tanh-GELU 24.8 -> 33.2 GB/s,
-// 1 thread, 16x4096 in cache, AVX-512). Accuracy is that of e^x
-// from an x with the same rounding: the argument's own rounding error (|v| * 2^-24
-// relative) dominates either way, and these callers only use 2^v inside 1/(1 + 2^v).
-// Degree-6 polynomial for 2^f on |f| <= 1/2 (0.93 ulp in fp32 arithmetic; fitted for
-// relative error with the constant term 1). Clamped to [-126, 128]: 2^n stays a normal
-// float below, and v >= 128 gives f = 0, n = 128, i.e. +Inf (the Inf bit pattern, or
-// vscalefps overflowing), so silu(-Inf) = -Inf/Inf = NaN like the float64 formula; results
-// below 2^-126 come out as ~1e-38 instead of 0, which 1/(1 + 2^v) cannot show.
-inline V vexp2_fast(V v) {
-    V vc = vmin(vset(128.0f), vmax(vset(-126.0f), v));  // NaN passes through (see vexp)
-    V fn, f = vsplit(vc, fn);
-    V p = vset(1.5353612253e-04f);
-    p = vfma(p, f, vset(1.3398883166e-03f));
-    p = vfma(p, f, vset(9.6184359863e-03f));
-    p = vfma(p, f, vset(5.5503323674e-02f));
-    p = vfma(p, f, vset(2.4022647738e-01f));
-    p = vfma(p, f, vset(6.9314718246e-01f));
-    return vscale2n(vfma(p, f, vset(1.0f)), fn);
-}
-
 // The activations' 2^v by ISA and output precision. These kernels are bound by their
 // instruction count (AVX-512, 1 core, in cache: silu 3.1 ns per 16 fp32 values against the
 // 3.2 ns a core's share of the streaming copy allows; fp16 4.2 against 1.6), so on AVX-512
@@ -165,6 +141,38 @@ inline V vexp2_np(V v) {
     return vscale2n(LP ? vpow2_d3c(f) : vpow2_d5c(f), s);
 }
 #endif
+// 2^v, "fast" form, for callers that fold log2(e) into their own constants (silu, tanh-GELU):
+// that saves vexp's multiply, and the reduction f = v - round(v) is exact, so one
+// subtraction replaces the two-step Cody-Waite correction (3 FMA-pipe instructions become
+// 1 add; measured against vexp's route: silu 34.0 -> 40.6 GB/s, tanh-GELU 24.8 -> 33.2 GB/s,
+// 1 thread, 16x4096 in cache, AVX-512). Accuracy is that of e^x
+// from an x with the same rounding: the argument's own rounding error (|v| * 2^-24
+// relative) dominates either way, and these callers only use 2^v inside 1/(1 + 2^v).
+// Degree-6 polynomial for 2^f on |f| <= 1/2 (0.93 ulp in fp32 arithmetic; fitted for
+// relative error with the constant term 1). AVX2 takes vpow2_d5c instead (degree 5, 2.3e-7
+// relative; AVX-512's vexp2_d5 is degree 5 too): one FMA fewer per vector, TE's derivatives
+// 1.03-1.07x in bf16 / fp16 and 0.97-1.08x in fp32, fp32 silu / tanh-GELU 1.03 / 0.99x
+// (ab_builds.py --copies 3, Zen 3; CONTRIBUTING.md "Zen 3's vector pipes"). Clamped to
+// [-126, 128]: 2^n stays a normal
+// float below, and v >= 128 gives f = 0, n = 128, i.e. +Inf (the Inf bit pattern, or
+// vscalefps overflowing), so silu(-Inf) = -Inf/Inf = NaN like the float64 formula; results
+// below 2^-126 come out as ~1e-38 instead of 0, which 1/(1 + 2^v) cannot show.
+inline V vexp2_fast(V v) {
+    V vc = vmin(vset(128.0f), vmax(vset(-126.0f), v));  // NaN passes through (see vexp)
+    V fn, f = vsplit(vc, fn);
+#if TO_ISA == 1
+    return vscale2n(vpow2_d5c(f), fn);
+#else
+    V p = vset(1.5353612253e-04f);
+    p = vfma(p, f, vset(1.3398883166e-03f));
+    p = vfma(p, f, vset(9.6184359863e-03f));
+    p = vfma(p, f, vset(5.5503323674e-02f));
+    p = vfma(p, f, vset(2.4022647738e-01f));
+    p = vfma(p, f, vset(6.9314718246e-01f));
+    return vscale2n(vfma(p, f, vset(1.0f)), fn);
+#endif
+}
+
 // a / (1 + e) with e = 2^v, e >= 0 or NaN; LP: the 16-bit output form above. On AVX2 the
 // division stays: vrcpps (3.7e-4 relative, too coarse alone for fp16) with a Newton step
 // measured 0.82-0.94x the division (ab_builds.py, Zen 3).

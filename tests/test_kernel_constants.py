@@ -16,7 +16,8 @@ reference values written once here:
   ln2 (C++: a Cody-Waite hi/lo pair whose sum is ln2; OpenCL: ln2 rounded to fp32, one FMA).
 
 Not shared, so not compared: the exp polynomials. C++ ``vexp_reduced`` uses a degree-6
-polynomial for e^r and ``vexp2_fast`` a degree-6 one for 2^f; OpenCL ``EXP_BODY`` a degree-5
+polynomial for e^r and ``vexp2_fast`` a degree-6 one for 2^f (AVX2: ``vpow2_d5c``, degree 5;
+16-bit outputs: ``vpow2_d3c`` / ``vpow2_d3``, degree 3); OpenCL ``EXP_BODY`` a degree-5
 one (EXP_C5..EXP_C2, fewer operations for PoCL); CUDA calls ``expf``. Each is only checked
 to approximate its function to its documented accuracy (which catches a gross edit, not a
 last-digit one).
@@ -265,11 +266,19 @@ def test_unshared_exp_polynomials_hold_their_accuracy(sources):
     assert len(exp_c) == 7  # degree 6
     exp2_c = horner_cpp(sources, "vexp2_fast")
     assert len(exp2_c) == 7
+    # AVX2's 2^f on [-1/2, 1/2] (vexp2_fast's and softmax's fp32 form, degree 5; the 16-bit
+    # outputs' degree 3) and the degree-3 form on [0, 1): vmath.h documents 2.3e-7 / 8.6e-5
+    d5c, d3c, d3 = (horner_cpp(sources, n) for n in ("vpow2_d5c", "vpow2_d3c", "vpow2_d3"))
+    assert (len(d5c), len(d3c), len(d3)) == (6, 4, 4)
+    g = np.linspace(0.0, 1.0, 20001, endpoint=False)
     defs = {n: float(v) for src in sources["opencl"].values()
             for n, v in re.findall(r"^#define[ \t]+(EXP_C\d)[ \t]+(" + _NUM + r")f?", src, re.M)}
     ocl_c = [defs["EXP_C5"], defs["EXP_C4"], defs["EXP_C3"], defs["EXP_C2"], 1.0, 1.0]  # degree 5
     for name, coef, x, want, bound in [("cpp vexp_reduced", exp_c, r, np.exp(r), 3e-8),
                                        ("cpp vexp2_fast", exp2_c, f, np.exp2(f), 3e-8),
+                                       ("cpp vpow2_d5c", d5c, f, np.exp2(f), 2.3e-7),
+                                       ("cpp vpow2_d3c", d3c, f, np.exp2(f), 8.6e-5),
+                                       ("cpp vpow2_d3", d3, g, np.exp2(g), 8.6e-5),
                                        ("opencl EXP_BODY", ocl_c, r, np.exp(r), 1.5e-7)]:
         y = np.zeros_like(x)
         for c in coef:
