@@ -185,4 +185,7 @@ def test_registration_reports_an_old_torch():
         print(to.silu(torch.ones(2)).tolist())      # no autograd needed: computed
     """)
     assert r.returncode == 0, r.stderr[-2000:]
-    assert r.stdout.strip() == str([0.7310585975646973] * 2)
+    # silu(1) = 1/(1 + e^-1) to fp32's tolerance (1.3e-6 relative; the kernels' polynomials differ
+    # by ISA, so not the correctly rounded bits)
+    got = [float(v) for v in r.stdout.strip().strip("[]").split(",")]
+    np.testing.assert_allclose(got, [1.0 / (1.0 + np.exp(-1.0))] * 2, rtol=1.3e-6, atol=0)
