@@ -153,10 +153,10 @@ inline V vexp2_np(V v) {
 // relative; AVX-512's vexp2_d5 is degree 5 too): one FMA fewer per vector, TE's derivatives
 // 1.03-1.07x in bf16 / fp16 and 0.97-1.08x in fp32, fp32 silu / tanh-GELU 1.03 / 0.99x
 // (ab_builds.py --copies 3, Zen 3; CONTRIBUTING.md "Zen 3's vector pipes"). Clamped to
-// [-126, 128]: 2^n stays a normal
-// float below, and v >= 128 gives f = 0, n = 128, i.e. +Inf (the Inf bit pattern, or
-// vscalefps overflowing), so silu(-Inf) = -Inf/Inf = NaN like the float64 formula; results
-// below 2^-126 come out as ~1e-38 instead of 0, which 1/(1 + 2^v) cannot show.
+// [-126, 128]: 2^n stays a normal float below, and v >= 128 gives f = 0, n = 128, i.e. +Inf
+// (the Inf bit pattern, or vscalefps overflowing), so silu(-Inf) = -Inf/Inf = NaN like the
+// float64 formula; results below 2^-126 come out as ~1e-38 instead of 0, which 1/(1 + 2^v)
+// cannot show.
 inline V vexp2_fast(V v) {
     V vc = vmin(vset(128.0f), vmax(vset(-126.0f), v));  // NaN passes through (see vexp)
     V fn, f = vsplit(vc, fn);
