@@ -3,6 +3,7 @@
 // splits it in chunks across threads, so one long row is parallel too.
 #include "vmath.h"
 #include "variant.h"
+#include "lut16.h"
 
 namespace to {
 namespace TO_NS {
@@ -25,9 +26,8 @@ template <class T, int OP>
 void unary_k(const void* xv, void* yv, int64_t count, bool nt) {
     const T* x = (const T*)xv;
     T* y = (T*)yv;
-    write_row(
-        y, count, nt, [&](int64_t i) { return act<OP, low_prec<T>()>(vload(x + i)); },
-        [&](int64_t i, int64_t k) { return act<OP, low_prec<T>()>(vload_part(x + i, k, 0.f)); });
+    const auto f = of_codes<T, use_lut16<T>() && OP != UN_RELU>([](V v) { return act<OP, low_prec<T>()>(v); });
+    write_row(y, count, nt, [&](int64_t i) { return f.full(x + i); }, [&](int64_t i, int64_t k) { return f.part(x + i, k); });
     if (nt) stream_fence();
 }
 
@@ -37,16 +37,15 @@ void glu_k(const void* xv, void* yv, int64_t rows, int64_t h, bool nt) {
     constexpr int OP = G == GLU_SWIGLU ? UN_SILU : (G == GLU_GEGLU_ERF ? UN_GELU_ERF : UN_GELU_TANH);
     const T* x = (const T*)xv;
     T* y = (T*)yv;
+    const auto f = of_codes<T>([](V v) { return act<OP, low_prec<T>()>(v); });
     for (int64_t r = 0; r < rows; ++r) {
         const T* a = x + r * 2 * h;
         const T* b = a + h;
         // The next row's first half is prefetched: the hardware prefetcher follows b into it
         // but has to find a's new start on its own at every row.
         write_row(
-            y + r * h, h, nt, [&](int64_t i) { return act<OP, low_prec<T>()>(vload(a + i)) * vload(b + i); },
-            [&](int64_t i, int64_t k) {
-                return act<OP, low_prec<T>()>(vload_part(a + i, k, 0.f)) * vload_part(b + i, k, 0.f);
-            },
+            y + r * h, h, nt, [&](int64_t i) { return f.full(a + i) * vload(b + i); },
+            [&](int64_t i, int64_t k) { return f.part(a + i, k) * vload_part(b + i, k, 0.f); },
             r + 1 < rows ? Prefetch(a + 2 * h, 2 * h * (int64_t)sizeof(T), h / (2 * W)) : Prefetch());
     }
     if (nt) stream_fence();

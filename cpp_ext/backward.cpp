@@ -17,6 +17,7 @@
 // bit for bit.
 #include "vmath.h"
 #include "variant.h"
+#include "lut16.h"
 
 namespace to {
 namespace TO_NS {
@@ -83,6 +84,25 @@ inline void act_df(V x, V& f, V& df) {
     }
 }
 
+// act(a) and act'(a) for a gated kernel's operand a of type T: read from a table of pairs (lut16.h)
+// where use_lut16<T>() (bf16 on AVX2 and scalar; relu's and squared relu's stay computed), else
+// computed by act_df. Same bits either way.
+template <class T, int ACT, bool ON = use_lut16<T>() && ACT != DA_RELU && ACT != DA_SRELU>
+struct ActDf {
+    const float* t = nullptr;
+    ActDf() {
+        if constexpr (ON) t = lut16x2<T>([](V v, V& f, V& df) { act_df<ACT>(v, f, df); });
+    }
+    inline void full(const T* p, V& f, V& df) const {
+        if constexpr (ON) vlut2(t, p, f, df);
+        else act_df<ACT>(vload(p), f, df);
+    }
+    inline void part(const T* p, int64_t k, V& f, V& df) const {
+        if constexpr (ON) vlut2_part(t, p, k, f, df);
+        else act_df<ACT>(vload_part(p, k, 0.f), f, df);
+    }
+};
+
 template <class T>
 inline bool stream_aligned(const T* p) {
     return ((uintptr_t)p % ((uintptr_t)W * sizeof(T))) == 0;
@@ -94,12 +114,13 @@ void glu2_k(const void* av, const void* bv, void* yv, int64_t rows, int64_t h, i
     const T* A = (const T*)av;
     const T* B = (const T*)bv;
     T* Y = (T*)yv;
+    const auto f = of_codes<T>([](V v) { return act_f<ACT, sizeof(T) == 2>(v); });
     for (int64_t r = 0; r < rows; ++r) {
         const T* a = A + r * sa;
         const T* b = B + r * sb;
         write_row(
-            Y + r * sy, h, nt, [&](int64_t i) { return act_f<ACT, sizeof(T) == 2>(vload(a + i)) * vload(b + i); },
-            [&](int64_t i, int64_t k) { return act_f<ACT, sizeof(T) == 2>(vload_part(a + i, k, 0.f)) * vload_part(b + i, k, 0.f); });
+            Y + r * sy, h, nt, [&](int64_t i) { return f.full(a + i) * vload(b + i); },
+            [&](int64_t i, int64_t k) { return f.part(a + i, k) * vload_part(b + i, k, 0.f); });
     }
     if (nt) stream_fence();
 }
@@ -124,6 +145,7 @@ void gated_bwd_k(const void* dyv, const void* av, const void* bv, void* dav, voi
     T* DA = (T*)dav;
     T* DB = (T*)dbv;
     constexpr int LINE_V = line_vectors<T>();
+    const ActDf<T, ACT> fdf;
     for (int64_t r = 0; r < rows; ++r) {
         const T* g = DY + r * sdy;
         const T* a = A + r * sa;
@@ -139,7 +161,7 @@ void gated_bwd_k(const void* dyv, const void* av, const void* bv, void* dav, voi
             // alternated da, db, da, db before; see the comment above this function).
             for (; i + W <= h && (uintptr_t)(da + i) % 64; i += W) {  // to da's line boundary
                 V f, df;
-                act_df<ACT>(vload(a + i), f, df);
+                fdf.full(a + i, f, df);
                 const V vg = vload(g + i);
                 vstream(da + i, vg * vload(b + i) * df);
                 vstream(db + i, vg * f);
@@ -148,7 +170,7 @@ void gated_bwd_k(const void* dyv, const void* av, const void* bv, void* dav, voi
                 V vda[LINE_V], vdb[LINE_V];
                 for (int q = 0; q < LINE_V; ++q) {
                     V f, df;
-                    act_df<ACT>(vload(a + i + q * W), f, df);
+                    fdf.full(a + i + q * W, f, df);
                     const V vg = vload(g + i + q * W);
                     vda[q] = vg * vload(b + i + q * W) * df;
                     vdb[q] = vg * f;
@@ -159,7 +181,7 @@ void gated_bwd_k(const void* dyv, const void* av, const void* bv, void* dav, voi
         }
         for (; i + W <= h; i += W) {
             V f, df;
-            act_df<ACT>(vload(a + i), f, df);
+            fdf.full(a + i, f, df);
             const V vg = vload(g + i);
             const V vda = vg * vload(b + i) * df, vdb = vg * f;
             if (st_nt) {
@@ -173,7 +195,7 @@ void gated_bwd_k(const void* dyv, const void* av, const void* bv, void* dav, voi
         if (i < h) {
             const int64_t k = h - i;
             V f, df;
-            act_df<ACT>(vload_part(a + i, k, 0.f), f, df);
+            fdf.part(a + i, k, f, df);
             const V vg = vload_part(g + i, k, 0.f);
             vstore_part(da + i, vg * vload_part(b + i, k, 0.f) * df, k);
             vstore_part(db + i, vg * f, k);
@@ -186,14 +208,14 @@ template <class T>
 void gelu_erf_bwd_k(const void* dyv, const void* xv, void* dxv, int64_t count, bool nt) {
     const T* g = (const T*)dyv;
     const T* x = (const T*)xv;
-    auto d = [](V v, V vg) {
+    const auto d = of_codes<T>([](V v) {
         V f, df;
         act_df<A_GELU_ERF>(v, f, df);
-        return vg * df;
-    };
+        return df;
+    });
     write_row(
-        (T*)dxv, count, nt, [&](int64_t i) { return d(vload(x + i), vload(g + i)); },
-        [&](int64_t i, int64_t k) { return d(vload_part(x + i, k, 0.f), vload_part(g + i, k, 0.f)); });
+        (T*)dxv, count, nt, [&](int64_t i) { return vload(g + i) * d.full(x + i); },
+        [&](int64_t i, int64_t k) { return vload_part(g + i, k, 0.f) * d.part(x + i, k); });
     if (nt) stream_fence();
 }
 

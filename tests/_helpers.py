@@ -1,4 +1,4 @@
-"""Helpers every test module shares: a Python subprocess on this checkout, and import blocking.
+"""Helpers every test module shares: a Python subprocess on this checkout, import blocking, bf16 bits.
 
 Subprocesses are how the suite checks what only a fresh interpreter shows (import-time
 behaviour, a missing toolkit, fork safety): they run ``sys.executable`` with this checkout
@@ -11,6 +11,8 @@ import subprocess
 import sys
 import textwrap
 from pathlib import Path
+
+import numpy as np
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -61,3 +63,17 @@ def skip_if_tsan_cannot_start(proc: subprocess.CompletedProcess) -> None:
     import pytest
     if "unexpected memory mapping" in proc.stderr or "failed to allocate" in proc.stderr:
         pytest.skip(f"ThreadSanitizer cannot start on this kernel: {proc.stderr.strip()[:200]}")
+
+
+def bf16_bits(a) -> np.ndarray:
+    """float -> bfloat16 bits (round to nearest even; NaN quiet, as the C++ kernels store it) as uint16."""
+    u = np.ascontiguousarray(a, np.float32).view(np.uint32).astype(np.uint64)
+    r = ((u + 0x7FFF + ((u >> 16) & 1)) >> 16).astype(np.uint16)
+    nan = np.isnan(a)
+    r[nan] = ((u[nan] >> 16) | 0x40).astype(np.uint16)
+    return r
+
+
+def bf16_float(b) -> np.ndarray:
+    """bfloat16 bits (uint16) -> the float32 values they hold."""
+    return (b.astype(np.uint32) << 16).view(np.float32)

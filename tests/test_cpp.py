@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 
 from tensor_ops.testing import oracles as ref
-from tests._helpers import run_python
+from tests._helpers import bf16_bits, bf16_float, run_python
 from tensor_ops._ops import tolerance
 
 pytestmark = pytest.mark.cpp
@@ -41,17 +41,6 @@ def C():
 
 
 # ---------------------------------------------------------------------------- helpers
-def bf16_bits(a: np.ndarray) -> np.ndarray:
-    """float -> bfloat16 bits (round to nearest even) as uint16."""
-    u = np.ascontiguousarray(a, np.float32).view(np.uint32).astype(np.uint64)
-    r = ((u + 0x7FFF + ((u >> 16) & 1)) >> 16).astype(np.uint16)
-    nan = np.isnan(a)
-    r[nan] = ((u[nan] >> 16) | 0x40).astype(np.uint16)
-    return r
-
-
-def bf16_float(b: np.ndarray) -> np.ndarray:
-    return (b.astype(np.uint32) << 16).view(np.float32)
 
 
 def as_dtype(a, dt):

@@ -1,0 +1,152 @@
+"""The C++ backend's bf16 activations over every bf16 value (cpp_ext/lut16.h).
+
+On AVX2 and the scalar variant, a bf16 operand's act(x) / act'(x) is read from a table of the
+kernel's own fp32 function at all 65536 codes instead of computed. A table is only right if
+code c holds f(value of c) - an index off by one, a wrong widening or a tail lane that reads
+past its row would give another value - so these tests pass every code through every kernel
+that reads one, in rows whose length is off the vector width (partial tails):
+
+- the derivatives (TE's d<act>, the gated dglu, the autograd's glu2_bwd and exact-GELU
+  backward) compute in fp32 for every storage type and round once, so a bf16 call must give
+  bit for bit the fp32 call's result on the widened operands, rounded to bf16 (the fp32
+  kernels never read a table);
+- the forward activations use cheaper 16-bit forms (vmath.h LP), so they are held to the bf16
+  rtol against the float64 oracle instead, with atol 1e-6 where the project's bf16 atol (0.016)
+  would hide a table shifted by a code among the small values (all codes pass within 0.39 %
+  relative + 1e-6).
+
+Run under every ISA variant by CI (TENSOR_OPS_MAX_ISA=scalar|avx2); AVX-512 builds compute and
+must pass the same checks.
+"""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from tensor_ops._ops import tolerance
+from tensor_ops.testing import oracles as ref
+from tests._helpers import bf16_bits as to_bf16
+from tests._helpers import bf16_float as widen
+
+pytestmark = pytest.mark.cpp
+
+BF = {"dtype": "bfloat16"}
+
+
+@pytest.fixture(scope="module")
+def C():
+    from tensor_ops.backends import cpp
+    ok, reason = cpp.availability()
+    if not ok:
+        pytest.skip(f"cpp unavailable: {reason}")
+    return cpp.native()
+
+
+def value64(bits: np.ndarray) -> np.ndarray:
+    """bf16 bits -> float64 (signalling NaN codes quietly become NaN)."""
+    with np.errstate(invalid="ignore"):
+        return widen(bits).astype(np.float64)
+
+
+def every_code(rows: int, n: int, seed: int) -> np.ndarray:
+    """(rows, n) bf16 bits holding all 65536 codes (shuffled; rows * n >= 65536)."""
+    rng = np.random.default_rng(seed)
+    reps = -(-rows * n // 65536)
+    codes = np.concatenate([rng.permutation(65536) for _ in range(reps)]).astype(np.uint16)
+    return codes[: rows * n].reshape(rows, n)
+
+
+def normal_bf16(shape, seed: int) -> np.ndarray:
+    return to_bf16(np.random.default_rng(seed).standard_normal(shape).astype(np.float32))
+
+
+def assert_bits(got: np.ndarray, want32: np.ndarray, what: str):
+    """got (bf16 bits) is want32 rounded to bf16; NaN where want32 is NaN (any payload)."""
+    want = to_bf16(want32)
+    nan = np.isnan(want32)
+    assert np.array_equal(np.isnan(widen(got)), nan), f"{what}: NaN positions differ"
+    bad = np.flatnonzero((got != want) & ~nan)
+    assert bad.size == 0, (f"{what}: {bad.size} values differ from the fp32 kernel's, first at flat index "
+                           f"{bad[0]}: {got.flat[bad[0]]:#06x} != {want.flat[bad[0]]:#06x}")
+
+
+SHAPES = [(16, 4099), (7, 9363)]  # rows * n >= 65536, n off the vector width
+
+
+@pytest.mark.parametrize("shape", SHAPES, ids=str)
+def test_cpp_bf16_derivatives_every_code_match_fp32(C, shape):
+    x = every_code(*shape, seed=1)
+    g = normal_bf16(shape, seed=2)
+    for name, kind in C.DACT_CODES.items():
+        out = np.empty_like(x)
+        C.dact(g, x, out, kind, None, **BF)
+        out32 = np.empty(shape, np.float32)
+        C.dact(widen(g), widen(x), out32, kind, None)
+        assert_bits(out, out32, f"d{name}")
+        db = np.zeros(shape[1], np.float32)
+        out2 = np.empty_like(x)
+        C.dact(g, x, out2, kind, db, **BF)
+        assert np.array_equal(out2, out), f"dbias_d{name}: the stored output differs from d{name}'s"
+
+
+@pytest.mark.parametrize("h", [4099, 9363])
+def test_cpp_bf16_gated_derivatives_every_code_match_fp32(C, h):
+    rows = -(-65536 // h)
+    a = every_code(rows, h, seed=3)
+    b = normal_bf16((rows, h), seed=4)
+    g = normal_bf16((rows, h), seed=5)
+    x = np.concatenate([a, b], axis=1)
+    for name, kind in C.DACT_CODES.items():
+        out = np.empty_like(x)
+        C.dglu(g, x, out, kind, **BF)
+        out32 = np.empty(x.shape, np.float32)
+        C.dglu(widen(g), widen(x), out32, kind)
+        assert_bits(out, out32, f"dglu {name}")
+    for act in ("silu", "gelu", "gelu_tanh"):
+        da, db = C.glu2_bwd(g, a, b, act=act, **BF)
+        da32, db32 = C.glu2_bwd(widen(g), widen(a), widen(b), act=act)
+        assert_bits(da, da32, f"glu2_bwd {act} da")
+        assert_bits(db, db32, f"glu2_bwd {act} db")
+    assert_bits(C.gelu_erf_bwd(g, a, **BF), C.gelu_erf_bwd(widen(g), widen(a)), "gelu_erf_bwd")
+
+
+def _forward_cases(C):
+    return {
+        "silu": (lambda x: C.silu(x, **BF), ref.silu),
+        "gelu": (lambda x: C.gelu(x, "none", **BF), lambda v: ref.gelu(v, "none")),
+        "gelu_tanh": (lambda x: C.gelu(x, "tanh", **BF), lambda v: ref.gelu(v, "tanh")),
+        "relu": (lambda x: C.relu(x, **BF), ref.relu),
+    }
+
+
+@pytest.mark.parametrize("shape", SHAPES, ids=str)
+def test_cpp_bf16_activations_every_code(C, shape):
+    x = every_code(*shape, seed=6)
+    xv = value64(x)
+    finite = np.isfinite(xv) & (np.abs(xv) < 1e30)
+    rtol, atol = tolerance("bfloat16")[0], 1e-6
+    for name, (fn, oracle) in _forward_cases(C).items():
+        y = value64(fn(x))
+        assert np.isnan(y[np.isnan(xv)]).all() and not np.isnan(y[finite]).any(), f"{name}: NaN in, NaN out"
+        with np.errstate(all="ignore"):
+            want = oracle(np.where(finite, xv, 0.0))
+        np.testing.assert_allclose(y[finite], want[finite], rtol=rtol, atol=atol, err_msg=name)
+
+
+@pytest.mark.parametrize("h", [4099])
+def test_cpp_bf16_gated_activations_every_code(C, h):
+    rows = -(-65536 // h)
+    a = every_code(rows, h, seed=7)
+    b = normal_bf16((rows, h), seed=8)
+    x = np.concatenate([a, b], axis=1)
+    av, bv = value64(a), value64(b)
+    finite = np.isfinite(av) & (np.abs(av) < 1e30)
+    rtol, atol = tolerance("bfloat16")[0], 1e-6
+    for name, fn, act in (("swiglu", lambda: C.swiglu(x, **BF), ref.silu),
+                          ("geglu", lambda: C.geglu(x, "none", **BF), lambda v: ref.gelu(v, "none")),
+                          ("geglu_tanh", lambda: C.geglu(x, "tanh", **BF), lambda v: ref.gelu(v, "tanh"))):
+        y = value64(fn())
+        assert np.isnan(y[np.isnan(av)]).all() and not np.isnan(y[finite]).any(), f"{name}: NaN in, NaN out"
+        with np.errstate(all="ignore"):
+            want = act(np.where(finite, av, 0.0)) * bv
+        np.testing.assert_allclose(y[finite], want[finite], rtol=rtol, atol=atol, err_msg=name)
