@@ -18,15 +18,17 @@
 // flush-to-zero or denormals-are-zero): a caller that set FTZ/DAZ (torch.set_flush_denormal)
 // got those flushes from the computing kernel and gets the default results here.
 //
-// Where: bf16 on AVX2 and scalar. Not fp16: normal data spreads over ~26k fp16 codes (10
-// mantissa bits) where bf16's take ~3k (7 bits), a table beyond L1, and F16C widens in one
-// instruction: fp16 dsilu / dqgelu measured 0.76x computed. Not AVX-512: its gathers and its
+// Where: bf16 on AVX2 and scalar. Not fp16: 8192 x 4096 standard normal values hold 32851
+// distinct fp16 codes (10 mantissa bits) and 4928 bf16 ones (7), a table beyond L1 (128 KiB of
+// it against 19 KiB), and F16C widens in one instruction: fp16 dsilu / dqgelu measured 0.76x
+// computed. Not AVX-512: its gathers and its
 // compute were not timed against each other (no AVX-512 host since; a lead). AVX2 reads 8 values
 // by 8 scalar loads: vpgatherdd took ~35 TSC cycles per 16 values in the loop above where the
 // scalar loads took ~22, two 128-bit gathers ~43.
 // Memory: 256 KiB per (function, ISA variant) (512 KiB for a pair table), zero pages until the
 // first call of that kernel builds it (~0.4 ms, once per process); a call then touches the codes
-// its data holds (normal-ish data in [-8, 8]: a few thousand, in L1).
+// its data holds (standard normal data: the 19 KiB above, in L1; of the pair table 39 KiB, more
+// than Zen 3's 32 KiB L1: our guess, not measured, at why the gated kernels gained least).
 #pragma once
 #if TO_ISA >= 1 || defined(__SSE__)
 #include <xmmintrin.h>
