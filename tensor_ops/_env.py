@@ -26,7 +26,7 @@ import os
 import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Iterable, Mapping, Optional
+from typing import Any, Callable, Iterable, Literal, Mapping, Optional
 
 # --------------------------------------------------------------------------- parsers
 # A parser takes (value, variable name) — the value stripped and non-empty — and returns the
@@ -47,6 +47,11 @@ def text(value: str, var: str) -> str:
 
 def path(value: str, var: str) -> Path:
     return Path(value)
+
+
+def path_or_off(value: str, var: str) -> Path | Literal[False]:
+    """A directory, or ``off`` (any case): ``False``, the cache is not used at all."""
+    return False if value.lower() == "off" else Path(value)
 
 
 def boolean(value: str, var: str) -> bool:
@@ -175,8 +180,10 @@ VARS: tuple = (
     # -- OpenCL backend (tensor_ops/backends/opencl/settings.py)
     Var("TENSOR_OPS_OPENCL_DEVICE", ("opencl",), "OpenCL device: `platform:device` index or a name "
         "substring", "0:0, pthread", default_doc="the fastest GPU, else the first CPU device"),
-    Var("TENSOR_OPS_OPENCL_CACHE", ("opencl", "build"), "OpenCL program-binary cache directory",
-        "/tmp/clcache", path, default_doc="the platformdirs user cache dir + `/opencl`"),
+    Var("TENSOR_OPS_OPENCL_CACHE", ("opencl", "build"), "OpenCL program-binary cache directory; `off`: "
+        "no binary is read or written, every process builds from source (PoCL keeps its own kernel "
+        "cache: its binary export compiles every kernel, ~14 s on a fresh machine)", "/tmp/clcache, off",
+        path_or_off, default_doc="the platformdirs user cache dir + `/opencl`"),
     Var("TENSOR_OPS_OPENCL_SRC", ("opencl",), "directory holding the `.cl` sources", "./opencl_ext", path,
         default_doc="`opencl_ext/` of the checkout or the installed package"),
     Var("TENSOR_OPS_OPENCL_LWS", ("opencl",), "OpenCL local work size (rounded down to a power of two, "

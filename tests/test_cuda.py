@@ -544,9 +544,9 @@ def test_nvrtc_fallback_on_gpu(monkeypatch, tmp_path):
 
 # ----------------------------------------------------------------------------- CPU emulation
 # No GPU in CI: the real kernel sources, compiled with g++ against a tiny CUDA emulation
-# (one std::thread per CUDA thread, std::barrier for __syncthreads and warp shuffles), are
-# launched through the backend's own Python path (launch shapes, vector/alignment flags,
-# argument packing). Misaligned vector accesses are detected. This checks the kernels'
+# (a fiber per CUDA thread, or under ThreadSanitizer a std::thread; barriers for __syncthreads and
+# warp shuffles), are launched through the backend's own Python path (launch shapes,
+# vector/alignment flags, argument packing). Misaligned vector accesses are detected. This checks the kernels'
 # logic; the GPU tests above remain the real verification.
 EMU_HARNESS = r"""
 #include <atomic>
@@ -567,10 +567,42 @@ EMU_HARNESS = r"""
 
 struct uint3 { unsigned x = 0, y = 0, z = 0; };
 struct dim3 { unsigned x = 1, y = 1, z = 1; };
+#if defined(__SANITIZE_THREAD__)
+// Under ThreadSanitizer: one std::thread per CUDA thread, so a missing barrier is a data race.
+using EmuBar = std::barrier<>;
+#else
+// Otherwise the CUDA threads of a block are fibers (ucontext) on the launching thread, run in
+// turn from barrier to barrier: the same results without 256-1024 OS threads per block and their
+// futex handoffs (`pytest tests/test_cuda.py -k emulation`, 656 tests: 178 -> 34 s on a 2-core
+// VM, the harness's ~8 s compile included; CONTRIBUTING "How long the suite takes"). The scheduler
+// sets the per-thread globals below before it resumes a fiber (thread_local all the same: each
+// launching OS thread runs its own fibers).
+#include <ucontext.h>
+void emu_yield();
+struct EmuBar {  // std::barrier's two calls, cooperatively
+    explicit EmuBar(long n) : expected(n) {}
+    void arrive_and_wait() {
+        const long g = gen;
+        if (++arrived == expected) {
+            arrived = 0;
+            ++gen;
+            return;
+        }
+        while (gen == g) emu_yield();
+    }
+    void arrive_and_drop() {
+        if (--expected == arrived && arrived > 0) {
+            arrived = 0;
+            ++gen;
+        }
+    }
+    long expected, arrived = 0, gen = 0;
+};
+#endif
 thread_local uint3 threadIdx, blockIdx;
 thread_local dim3 blockDim, gridDim;
-thread_local std::barrier<>* emu_block_bar;
-thread_local std::barrier<>* emu_warp_bar;
+thread_local EmuBar* emu_block_bar;
+thread_local EmuBar* emu_warp_bar;
 thread_local float* emu_warp_buf;
 thread_local int emu_lane;
 static std::atomic<bool> emu_misaligned{false};
@@ -611,38 +643,103 @@ static const std::map<std::string, std::function<void(void**)>>& emu_kernels() {
     return m;
 }
 
-extern "C" int emu_launch(const char* name, unsigned gx, unsigned gy, unsigned bx, unsigned by, void** args) {
-    auto it = emu_kernels().find(name);
-    if (it == emu_kernels().end()) return -1;
-    const auto& fn = it->second;
-    emu_misaligned = false;
-    const unsigned nt = bx * by, nw = (nt + 31) / 32;
+// One block's barriers and warp-shuffle buffers; enter(t) sets CUDA thread t's globals.
+struct EmuBlock {
+    EmuBlock(unsigned x, unsigned y, unsigned gx, unsigned gy, unsigned bx, unsigned by)
+        : x(x), y(y), gx(gx), gy(gy), bx(bx), by(by), bar(bx * by), buf((bx * by + 31) / 32 * 32) {
+        for (unsigned w = 0; w * 32 < bx * by; ++w) wbar.emplace_back(new EmuBar(std::min(32u, bx * by - 32 * w)));
+    }
+    void enter(unsigned t) {
+        threadIdx = {t % bx, t / bx, 0};
+        blockIdx = {x, y, 0};
+        blockDim = {bx, by, 1};
+        gridDim = {gx, gy, 1};
+        emu_block_bar = &bar;
+        emu_warp_bar = wbar[t / 32].get();
+        emu_warp_buf = &buf[(t / 32) * 32];
+        emu_lane = t % 32;
+    }
+    unsigned x, y, gx, gy, bx, by;
+    EmuBar bar;
+    std::vector<std::unique_ptr<EmuBar>> wbar;
+    std::vector<float> buf;
+};
+using EmuFn = std::function<void(void**)>;
+
+#if defined(__SANITIZE_THREAD__)
+static void emu_run(const EmuFn& fn, void** args, unsigned gx, unsigned gy, unsigned bx, unsigned by) {
     for (unsigned y = 0; y < gy; ++y) {
         for (unsigned x = 0; x < gx; ++x) {
-            std::barrier<> bar(nt);
-            std::vector<std::unique_ptr<std::barrier<>>> wbar;
-            for (unsigned w = 0; w < nw; ++w)
-                wbar.emplace_back(new std::barrier<>(std::min(32u, nt - 32 * w)));
-            std::vector<float> buf(nw * 32);
+            EmuBlock blk(x, y, gx, gy, bx, by);
             std::vector<std::thread> th;
-            for (unsigned t = 0; t < nt; ++t) {
+            for (unsigned t = 0; t < bx * by; ++t) {
                 th.emplace_back([&, t] {
-                    threadIdx = {t % bx, t / bx, 0};
-                    blockIdx = {x, y, 0};
-                    blockDim = {bx, by, 1};
-                    gridDim = {gx, gy, 1};
-                    emu_block_bar = &bar;
-                    emu_warp_bar = wbar[t / 32].get();
-                    emu_warp_buf = &buf[(t / 32) * 32];
-                    emu_lane = t % 32;
+                    blk.enter(t);
                     fn(args);
                     emu_warp_bar->arrive_and_drop();
-                    bar.arrive_and_drop();
+                    emu_block_bar->arrive_and_drop();
                 });
             }
             for (auto& t : th) t.join();
         }
     }
+}
+#else
+thread_local ucontext_t emu_sched;
+thread_local ucontext_t* emu_cur_ctx;
+void emu_yield() { swapcontext(emu_cur_ctx, &emu_sched); }
+struct EmuFiber {
+    ucontext_t ctx;
+    bool done;
+};
+thread_local const EmuFn* emu_fn;
+thread_local void** emu_args;
+thread_local EmuFiber* emu_cur;
+static void emu_fiber_main() {
+    EmuFiber* f = emu_cur;
+    (*emu_fn)(emu_args);
+    emu_warp_bar->arrive_and_drop();
+    emu_block_bar->arrive_and_drop();
+    f->done = true;  // returning resumes uc_link, the scheduler
+}
+static void emu_run(const EmuFn& fn, void** args, unsigned gx, unsigned gy, unsigned bx, unsigned by) {
+    constexpr size_t STACK = 128 << 10;
+    const unsigned nt = bx * by;
+    std::unique_ptr<char[]> stacks(new char[STACK * nt]);
+    std::vector<EmuFiber> fib(nt);
+    emu_fn = &fn;
+    emu_args = args;
+    for (unsigned y = 0; y < gy; ++y) {
+        for (unsigned x = 0; x < gx; ++x) {
+            EmuBlock blk(x, y, gx, gy, bx, by);
+            for (unsigned t = 0; t < nt; ++t) {
+                getcontext(&fib[t].ctx);
+                fib[t].ctx.uc_stack.ss_sp = stacks.get() + STACK * t;
+                fib[t].ctx.uc_stack.ss_size = STACK;
+                fib[t].ctx.uc_link = &emu_sched;
+                fib[t].done = false;
+                makecontext(&fib[t].ctx, emu_fiber_main, 0);
+            }
+            for (unsigned live = nt; live;) {  // in turn, each to its next barrier or its end
+                for (unsigned t = 0; t < nt; ++t) {
+                    if (fib[t].done) continue;
+                    blk.enter(t);
+                    emu_cur = &fib[t];
+                    emu_cur_ctx = &fib[t].ctx;
+                    swapcontext(&emu_sched, &fib[t].ctx);
+                    live -= fib[t].done;
+                }
+            }
+        }
+    }
+}
+#endif
+
+extern "C" int emu_launch(const char* name, unsigned gx, unsigned gy, unsigned bx, unsigned by, void** args) {
+    auto it = emu_kernels().find(name);
+    if (it == emu_kernels().end()) return -1;
+    emu_misaligned = false;
+    emu_run(it->second, args, gx, gy, bx, by);
     return emu_misaligned ? 2 : 0;
 }
 """

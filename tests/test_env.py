@@ -135,6 +135,7 @@ def test_aliases_canonical_first_and_blank_is_unset():
     ("TENSOR_OPS_OPENCL_LWS", "64", 64), ("TENSOR_OPS_OPENCL_LWS", "lots", None),
     ("TENSOR_OPS_OPENCL_LAYOUT", "GPU", "gpu"), ("TENSOR_OPS_OPENCL_LAYOUT", "tpu", None),
     ("TENSOR_OPS_CONFIG", "/x/b.json", Path("/x/b.json")),
+    ("TENSOR_OPS_OPENCL_CACHE", "/x/cl", Path("/x/cl")), ("TENSOR_OPS_OPENCL_CACHE", "Off", False),
 ], ids=lambda v: str(v))
 def test_parsers(name, value, want):
     assert _env.get(name, {name: value}) == want

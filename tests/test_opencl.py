@@ -542,6 +542,23 @@ def test_cache_key_follows_the_source(cl_ok):
     assert ocl.cache_path(dev, "norm", src, opts + " -DX=1") != path
 
 
+def test_cache_off_reads_and_writes_no_binary(fresh, monkeypatch):
+    """TENSOR_OPS_OPENCL_CACHE=off: every process builds each program from source, reads and
+    writes no binary, computes the same, and info() says where the binaries are: nowhere."""
+    monkeypatch.setenv("TENSOR_OPS_OPENCL_CACHE", "off")
+    for _ in range(2):   # a second start builds again: nothing was kept
+        ocl._reset_for_tests()
+        st = ocl.device.get()
+        assert ocl.state.STATS["builds"] == len(ocl.FAMILIES) and ocl.state.STATS["hits"] == 0
+    assert ocl.cache_dir() is None and ocl.cache_path(st.device, "norm", "src", "") is None
+    assert not fresh.exists()   # the fixture's directory, had the variable still named it
+    assert ocl.info()["cache"]["dir"] == "off"
+    rng = np.random.default_rng(3)
+    x = _host((3, 1030), np.float32, rng)
+    call, want = _cases(x, rng)["rms_norm"]
+    _check(call(None), want, x, "rms_norm")
+
+
 def test_every_kernel_carries_the_one_prefix(cl_ok):
     """Every program exports exactly to_<kernel><storage> for the kernels the host launches."""
     import pyopencl as cl
@@ -561,6 +578,10 @@ def test_gpu_layout_and_copy_mode_on_this_device(fresh, monkeypatch, lws):
     than the group, and tails that leave items idle."""
     monkeypatch.setenv("TENSOR_OPS_OPENCL_LAYOUT", "gpu")
     monkeypatch.setenv("TENSOR_OPS_OPENCL_LWS", str(lws))
+    # No binary cache: PoCL's binary export compiles every kernel of every storage for the group
+    # size, 143 s of the GPU layout's barrier loops per size on a fresh machine (PoCL's own cache
+    # cold); run from source, PoCL compiles only what is launched here (the cache has its tests).
+    monkeypatch.setenv("TENSOR_OPS_OPENCL_CACHE", "off")
     monkeypatch.setattr(ocl.state, "host_mode", "copy")
     assert "-DCPU_LAYOUT=0" in ocl.build_options(ocl.select_device())
     rng = np.random.default_rng(9)

@@ -69,12 +69,14 @@ def build(force: bool = False, log=print) -> int:
         progs = ", ".join(f"{k} {v['status']} {v['seconds']:.2f}s" for k, v in r["programs"].items())
         log(f"build_opencl: [{r['index']}] {r['device']} ({r['platform']}, driver {r['driver']}, "
             f"local size {r['local_size']}): {progs}")
-    value = {"ok": True, "devices": results, "cache_dir": str(ocl.cache_dir()),
+    value = {"ok": True, "devices": results, "cache_dir": str(ocl.cache_dir() or "off"),
              "source_hash": ocl.source_hash()[:16],
              "seconds": round(time.perf_counter() - t0, 3),
              "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
     path = _record(value)
-    log(f"build_opencl: {len(results)} device(s), binaries cached in {value['cache_dir']}; "
+    where = ("no binary cached (TENSOR_OPS_OPENCL_CACHE=off)" if value["cache_dir"] == "off"
+             else f"binaries cached in {value['cache_dir']}")
+    log(f"build_opencl: {len(results)} device(s), {where}; "
         f"recorded in {path} (built.opencl)")
     return 0
 

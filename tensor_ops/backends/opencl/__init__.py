@@ -67,7 +67,7 @@ def availability() -> tuple[bool, str]:
 def info() -> dict:
     """Platforms, devices, the chosen device, pyopencl version, cache location and counts;
     never raises (shown even when the backend is unavailable: it tells why)."""
-    out: dict = {"platforms": [], "chosen": None, "cache": {"dir": str(cache_dir()), **state.STATS}}
+    out: dict = {"platforms": [], "chosen": None, "cache": {"dir": str(cache_dir() or "off"), **state.STATS}}
     try:
         import pyopencl as cl
         out["pyopencl"] = cl.VERSION_TEXT

@@ -2,7 +2,7 @@
 
 One program per kernel family, named like the files of every backend (``norm``, ``softmax``,
 ``activation``, ``rope``; ``common.cl`` and ``dtype.cl`` are included in each). Binaries are
-cached on disk (``TENSOR_OPS_OPENCL_CACHE``, else the user cache dir) as
+cached on disk (``TENSOR_OPS_OPENCL_CACHE``, else the user cache dir; ``off``: not at all) as
 ``<family>-<device tag>-<key>.bin``: the device tag hashes the device and its driver, the
 key hashes the full program source and the build options, so an edited or renamed source
 never loads an old binary. Each file carries a SHA-256 of its payload: a corrupt entry is
@@ -116,8 +116,11 @@ def build_options(device) -> str:
 
 
 # ----------------------------------------------------------------------------- binary cache
-def cache_dir() -> Path:
+def cache_dir() -> Path | None:
+    """Where program binaries are cached; None when ``TENSOR_OPS_OPENCL_CACHE=off``."""
     env = settings.cache_dir()
+    if env is False:
+        return None
     if env:
         return Path(env)
     try:
@@ -134,10 +137,13 @@ def device_tag(device) -> str:
     return hashlib.sha256("\0".join(parts).encode()).hexdigest()[:12]
 
 
-def cache_path(device, family: str, src: str, options: str) -> Path:
-    """``<cache>/<family>-<device tag>-<hash of source and options>.bin``."""
+def cache_path(device, family: str, src: str, options: str) -> Path | None:
+    """``<cache>/<family>-<device tag>-<hash of source and options>.bin``; None: the cache is off."""
+    d = cache_dir()
+    if d is None:
+        return None
     key = hashlib.sha256("\0".join([src, options]).encode()).hexdigest()[:24]
-    return cache_dir() / f"{family}-{device_tag(device)}-{key}.bin"
+    return d / f"{family}-{device_tag(device)}-{key}.bin"
 
 
 def _drop_stale(path: Path) -> None:
@@ -192,7 +198,7 @@ def load_program(ctx, device, family: str, *, force_build: bool = False):
     path = cache_path(device, family, src, options)
     stats = state.STATS
     t0 = time.perf_counter()
-    payload = None if force_build else _read_cached(path)
+    payload = None if force_build or path is None else _read_cached(path)
     if payload is not None:
         try:
             prg = cl.Program(ctx, [device], [payload]).build(options=options)
@@ -209,6 +215,8 @@ def load_program(ctx, device, family: str, *, force_build: bool = False):
         raise _fail(f"building program {family!r} for {device.name.strip()!r} failed; "
                     f"build log:\n{exc}", exc) from None
     stats["builds"] += 1
+    if path is None:   # TENSOR_OPS_OPENCL_CACHE=off: the export below is what costs on PoCL
+        return prg, "built", time.perf_counter() - t0
     try:
         _write_cached(path, prg.get_info(cl.program_info.BINARIES)[0])
         _drop_stale(path)

@@ -9,6 +9,7 @@ where the backend always was: an LWS that is not a positive integer, or a layout
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Literal
 
 from tensor_ops import _env
 
@@ -18,8 +19,9 @@ def source_dir() -> Path | None:
     return _env.get("TENSOR_OPS_OPENCL_SRC")
 
 
-def cache_dir() -> Path | None:
-    """``TENSOR_OPS_OPENCL_CACHE``: the program-binary cache directory."""
+def cache_dir() -> Path | Literal[False] | None:
+    """``TENSOR_OPS_OPENCL_CACHE``: the program-binary cache directory (None = unset, the user
+    cache dir; False = ``off``, no binary cache)."""
     return _env.get("TENSOR_OPS_OPENCL_CACHE")
 
 
