@@ -30,7 +30,7 @@ def _env() -> dict:
 
 
 # Each module imported alone, one forked child each: a fresh interpreter per module spent ~4 s
-# of its ~4.2 importing torch (27 modules: 113 s of the suite on a 2-core VM, now ~20 s). The
+# of its ~4.2 importing torch (27 modules: 113 s of the suite on a 2-core VM, now ~23 s). The
 # children fork from one fresh interpreter that has imported only NumPy and torch, no
 # tensor_ops module: what a module fails to import itself still fails (its names are its own).
 _FORKED = r"""
