@@ -543,11 +543,11 @@ def test_nvrtc_fallback_on_gpu(monkeypatch, tmp_path):
 
 
 # ----------------------------------------------------------------------------- CPU emulation
-# No GPU in CI: the real kernel sources, compiled with g++ against a tiny CUDA emulation
-# (a fiber per CUDA thread, or under ThreadSanitizer a std::thread; barriers for __syncthreads and
+# No GPU in CI: the real kernel sources, compiled with g++ against a tiny CUDA emulation (a
+# fiber per CUDA thread, or under ThreadSanitizer a std::thread; barriers for __syncthreads and
 # warp shuffles), are launched through the backend's own Python path (launch shapes,
-# vector/alignment flags, argument packing). Misaligned vector accesses are detected. This checks the kernels'
-# logic; the GPU tests above remain the real verification.
+# vector/alignment flags, argument packing). Misaligned vector accesses are detected. This
+# checks the kernels' logic; the GPU tests above remain the real verification.
 EMU_HARNESS = r"""
 #include <atomic>
 #include <barrier>
