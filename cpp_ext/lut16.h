@@ -125,8 +125,10 @@ const float* lut16x2(const F& fg) {
 template <class T>
 inline void vlut2(const float* t, const T* p, V& f, V& g) {
     const uint16_t* c = (const uint16_t*)p;
-    auto pair = [&](int j, int k) {  // [f_j, g_j, f_k, g_k]
-        return _mm_loadh_pi(_mm_castpd_ps(_mm_load_sd((const double*)(t + 2 * c[j]))), (const __m64*)(t + 2 * c[k]));
+    // [f_j, g_j, f_k, g_k]: both 8-byte loads through may_alias types (__m128i, __m64; a
+    // double* load of the float table would break strict aliasing), vmovq + vmovhps as before
+    auto pair = [&](int j, int k) {
+        return _mm_loadh_pi(_mm_castsi128_ps(_mm_loadl_epi64((const __m128i*)(t + 2 * c[j]))), (const __m64*)(t + 2 * c[k]));
     };
     const __m256 a = _mm256_set_m128(pair(4, 5), pair(0, 1)), b = _mm256_set_m128(pair(6, 7), pair(2, 3));
     f = {_mm256_shuffle_ps(a, b, 0x88)};

@@ -252,30 +252,58 @@ inline V vneg_log2e(V x) { return x * vset(-1.44269504088896341f); }
 template <bool LP = false>
 inline V vsilu(V x) { return vdiv_1p_exp2<LP>(x, vneg_log2e(x)); }
 
+// x P(x^2) / Q(x^2), P and Q highest power first (Horner; the loops unroll at -O3): the erf
+// rational's one body, for verf and exact GELU's folded form (verf_sqrt_half).
+template <int NP, int NQ>
+inline V vodd_rational(V x, const float (&P)[NP], const float (&Q)[NQ]) {
+    const V x2 = x * x;
+    V p = vset(P[0]);
+    for (int i = 1; i < NP; ++i) p = vfma(p, x2, vset(P[i]));
+    V q = vset(Q[0]);
+    for (int i = 1; i < NQ; ++i) q = vfma(q, x2, vset(Q[i]));
+    return p * x / q;
+}
+
 // erf(x): rational minimax approximation x*P(x^2)/Q(x^2) on [-4, 4] (the one Eigen and
 // XLA use for fp32; a few ulp); |x| > 4 clamps, where erf is +-1 to fp32 precision.
 inline V verf(V x) {
-    V xc = vmin(vset(4.0f), vmax(vset(-4.0f), x));  // NaN passes through (see vexp)
-    V x2 = xc * xc;
-    V p = vset(-2.72614225801306e-10f);
-    p = vfma(p, x2, vset(2.77068142495902e-08f));
-    p = vfma(p, x2, vset(-2.10102402082508e-06f));
-    p = vfma(p, x2, vset(-5.69250639462346e-05f));
-    p = vfma(p, x2, vset(-7.34990630326855e-04f));
-    p = vfma(p, x2, vset(-2.95459980854025e-03f));
-    p = vfma(p, x2, vset(-1.60960333262415e-02f));
-    p = p * xc;
-    V q = vset(-1.45660718464996e-05f);
-    q = vfma(q, x2, vset(-2.13374055278905e-04f));
-    q = vfma(q, x2, vset(-1.68282697438203e-03f));
-    q = vfma(q, x2, vset(-7.37332916720468e-03f));
-    q = vfma(q, x2, vset(-1.42647390514189e-02f));
-    return p / q;
+    static constexpr float P[] = {-2.72614225801306e-10f, 2.77068142495902e-08f, -2.10102402082508e-06f,
+                                  -5.69250639462346e-05f, -7.34990630326855e-04f, -2.95459980854025e-03f,
+                                  -1.60960333262415e-02f};
+    static constexpr float Q[] = {-1.45660718464996e-05f, -2.13374055278905e-04f, -1.68282697438203e-03f,
+                                  -7.37332916720468e-03f, -1.42647390514189e-02f};
+    return vodd_rational(vmin(vset(4.0f), vmax(vset(-4.0f), x)), P, Q);  // NaN passes through (see vexp)
 }
 
-// Exact GELU 0.5*x*(1 + erf(x/sqrt2)). The erf error (a few 1e-8 absolute) is scaled by
-// 0.5|x|, and for x < -5.66 the result is 0 against a true |gelu| < 1e-7: absolute error
-// stays under 10 eps (tested).
+// erf(x/sqrt2) for exact GELU's fp32 form (vgelu_erf, below): verf's rational with 1/sqrt2
+// folded into its coefficients, P_k / (sqrt2 2^k) and Q_k / 2^k, x clamped to [-6, 4 sqrt2]
+// (why there: vgelu_erf's comment; tests/test_kernel_constants.py checks the folding).
+inline V verf_sqrt_half(V x) {
+    static constexpr float P[] = {-3.01199012050038e-12f, 6.12239882530040e-10f, -9.28530207850775e-08f,
+                                  -5.03151234198254e-06f, -1.29929214703174e-04f, -1.04460878015564e-03f,
+                                  -1.13816143151900e-02f};
+    static constexpr float Q[] = {-9.10379490406225e-07f, -2.66717569098631e-05f, -4.20706743595508e-04f,
+                                  -3.68666458360234e-03f, -1.42647390514189e-02f};
+    return vodd_rational(vmin(vset(5.65685424949238f), vmax(vset(-6.0f), x)), P, Q);  // NaN passes
+}
+
+// Exact GELU 0.5*x*(1 + erf(x/sqrt2)), fp32 form: x * Phi(x), Phi = 0.5 e + 0.5 (one FMA),
+// e = erf(x/sqrt2) from verf's rational with the 1/sqrt2 folded into its coefficients (x^2 =
+// 2 y^2: the powers of two are exact, 1/sqrt2 one rounding per coefficient), so x is clamped,
+// not scaled: x/sqrt2, 0.5*x, 1 + erf and the product of 0.5*x*(1 + verf(x/sqrt2)) become e's
+// vmax (below), the FMA and the product. L1 harness, Zen 3 (AVX2), TSC cycles per 8 values:
+// 8.9 -> 8.4; h*e + h with h = x/2 measured 7.95 but gives +0 where x and the float64 formula
+// give -0 (x = -0, gelu(-big)), and an OR of x's sign bit cost it all back.
+// Saturation must not hang on the rational's last bit, which differs by variant (the scalar
+// build rounds a*b + c twice): e at 5.6 is 1 on AVX2 but 1 - 2^-23 there, which left
+// gelu(-65504) = -0.002. So x is clamped to [-6, 4 sqrt2]: at -6 every variant's e overshoots
+// -1 by 36 ulp and e >= -1 (one vmax) makes Phi exactly 0, so gelu(x <= -6) = -0 (true |gelu|
+// < 6e-9); at 4 sqrt2 e is 1 + 2^-23 in both built forms, so Phi = 1 + 2^-24 rounds (to even)
+// to exactly 1 and gelu(x) = x from there up. Between 4 and 6 the rational overshoots |e| = 1
+// by a few ulp; e >= -1 keeps Phi >= 0, so a negative x never gives a positive result (the
+// former form did at 5942 of 4M points of [-8, 8], x in (-5.66, -4)); the positive side's
+// overshoot is a relative 6e-8. Error against float64 on [-8, 8]: at most 0.091 of the fp32
+// tolerance (1e-5 + 1.3e-6 |y|; 0.106 before).
 // LP (16-bit outputs, AVX-512): x * Phi(x) with Phi(-a) = 2^P(a), a = |x|, P a degree-5
 // polynomial for log2 Phi(-a), and Phi(x) = 1 - Phi(-a) for x >= 0 (no cancellation: Phi(-a)
 // <= 1/2). 5 FMAs + vexp2_d3 + a masked subtraction replace the rational's 11 FMAs and
@@ -283,7 +311,7 @@ inline V verf(V x) {
 // fitted (weighted minimax, Lawson iterations) for relative error in Phi: <= 6e-5 on
 // a <= 4, with 8.6e-5 from vexp2_d3 under fp16's half ulp of 4.9e-4; beyond, where |y| <
 // 1.5e-5, the error grows to 0.1 % at a = 4.5 and 2 % at 5.5 - absolute error under 3e-8,
-// fp16's smallest step (the fp32 form above returns 0 from 5.66 on). It is relative where
+// fp16's smallest step (the fp32 form above returns -0 from -6 down). It is relative where
 // the fp32 form's 1 + erf cancels (tested: tests/test_cpp.py, every fp16 and bf16 value).
 // P' < 0 on [0, inf) and P -> -inf, so 2^P -> 0: gelu(-big) = -0, gelu(-Inf) = -Inf * 0 =
 // NaN as the float64 formula gives, gelu(Inf) = Inf, NaN stays NaN.
@@ -303,7 +331,7 @@ inline V vgelu_erf(V x) {
         return x * V{_mm512_mask_sub_ps(q.v, pos, _mm512_set1_ps(1.0f), q.v)};
     }
 #endif
-    return vset(0.5f) * x * (vset(1.0f) + verf(x * vset(0.70710678118654752f)));
+    return x * vfma(vmax(vset(-1.0f), verf_sqrt_half(x)), vset(0.5f), vset(0.5f));  // e >= -1; NaN passes
 }
 
 // tanh-GELU 0.5*x*(1 + tanh(u)), u = sqrt(2/pi)*(x + 0.044715 x^3). Method: the identity

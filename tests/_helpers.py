@@ -65,6 +65,18 @@ def skip_if_tsan_cannot_start(proc: subprocess.CompletedProcess) -> None:
         pytest.skip(f"ThreadSanitizer cannot start on this kernel: {proc.stderr.strip()[:200]}")
 
 
+def cpp_native():
+    """The C++ extension module, or a skip naming why the cpp backend is unavailable (the
+    tests that call its bindings directly share this one check)."""
+    import pytest
+
+    from tensor_ops.backends import cpp
+    ok, reason = cpp.availability()
+    if not ok:
+        pytest.skip(f"cpp unavailable: {reason}")
+    return cpp.native()
+
+
 def bf16_bits(a) -> np.ndarray:
     """float -> bfloat16 bits (round to nearest even; NaN quiet, as the C++ kernels store it) as uint16."""
     u = np.ascontiguousarray(a, np.float32).view(np.uint32).astype(np.uint64)

@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 
 from tensor_ops.testing import oracles as ref
-from tests._helpers import bf16_bits, bf16_float, run_python
+from tests._helpers import bf16_bits, bf16_float, cpp_native, run_python
 from tensor_ops._ops import tolerance
 
 pytestmark = pytest.mark.cpp
@@ -27,17 +27,9 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 
 
-def _native():
-    from tensor_ops.backends import cpp
-    ok, reason = cpp.availability()
-    if not ok:
-        pytest.skip(f"cpp unavailable: {reason}")
-    return cpp.native()
-
-
 @pytest.fixture(scope="module")
 def C():
-    return _native()
+    return cpp_native()
 
 
 # ---------------------------------------------------------------------------- helpers
@@ -576,6 +568,27 @@ def test_gelu_erf_within_10_eps_absolute(C):
     err = np.abs(C.gelu(x, "none").astype(np.float64) - want) / np.maximum(1.0, np.abs(want))
     eps = float(np.finfo(np.float32).eps)
     assert err.max() <= 10 * eps, f"{err.max() / eps:.2f} eps at x={x[err.argmax()]}"
+
+
+def test_gelu_erf_fp32_sign_and_saturation(C):
+    """The fp32 form's erf is a rational whose last bit differs by variant (the scalar build
+    rounds a*b + c twice; vmath.h vgelu_erf): its clamps must still give gelu(x) = x exactly
+    from 4 sqrt2 up and -0 from -6 down (torch's and the float64 formula's signed zero), and
+    its overshoot of |erf| = 1 between 4 and 6 must not turn a negative x's result positive
+    (the former form did at 5942 of these points). Run under every variant by the subprocess
+    test below."""
+    x = np.concatenate([np.linspace(-8, 8, 4_000_001, dtype=np.float32),
+                        np.array([-np.inf, -3.4e38, -65504, -1e4, -6, -0.0, 0.0, 5.6568545, 6, 1e4, 65504,
+                                  3.4e38, np.inf], np.float32)])
+    y = C.gelu(x, "none")
+    neg = x < 0
+    assert not (y[neg] > 0).any(), f"positive gelu at x={x[neg][y[neg] > 0][:5]}"
+    sat = x <= -6
+    assert (y[sat & np.isfinite(x)] == 0).all() and np.signbit(y[sat & np.isfinite(x)]).all()
+    assert np.isnan(y[x == -np.inf]).all()          # -inf * 0, as the float64 formula gives
+    up = x >= np.float32(5.6568545)
+    assert (y[up] == x[up]).all(), f"gelu(x) != x at x={x[up][y[up] != x[up]][:5]}"
+    assert np.signbit(y[(x == 0) & np.signbit(x)]).all() and not np.signbit(y[(x == 0) & ~np.signbit(x)]).any()
 
 
 def every_16bit(dt, keep):

@@ -27,6 +27,7 @@ from tensor_ops._ops import tolerance
 from tensor_ops.testing import oracles as ref
 from tests._helpers import bf16_bits as to_bf16
 from tests._helpers import bf16_float as widen
+from tests._helpers import cpp_native
 
 pytestmark = pytest.mark.cpp
 
@@ -35,11 +36,7 @@ BF = {"dtype": "bfloat16"}
 
 @pytest.fixture(scope="module")
 def C():
-    from tensor_ops.backends import cpp
-    ok, reason = cpp.availability()
-    if not ok:
-        pytest.skip(f"cpp unavailable: {reason}")
-    return cpp.native()
+    return cpp_native()
 
 
 def value64(bits: np.ndarray) -> np.ndarray:
@@ -145,7 +142,10 @@ def test_cpp_bf16_gated_activations_every_code(C, h):
     x = np.concatenate([a, b], axis=1)
     av, bv = value64(a), value64(b)
     finite = np.isfinite(av) & (np.abs(av) < 1e30)
-    rtol, atol = tolerance("bfloat16")[0], 1e-6
+    # act(a) * b: the fp32 act's own absolute error (exact GELU: up to 10 fp32 eps, ~9e-7 near
+    # a = -5, test_cpp.py) is scaled by |b|, so the forward test's atol 1e-6 is 1e-6 * max(1, |b|)
+    # here (a table one code off still moves act(a) by a bf16 step, 0.39 % relative)
+    rtol, atol = tolerance("bfloat16")[0], 1e-6 * np.maximum(1.0, np.abs(bv))
     for name, fn, act in (("swiglu", lambda: C.swiglu(x, **BF), ref.silu),
                           ("geglu", lambda: C.geglu(x, "none", **BF), lambda v: ref.gelu(v, "none")),
                           ("geglu_tanh", lambda: C.geglu(x, "tanh", **BF), lambda v: ref.gelu(v, "tanh"))):
@@ -153,4 +153,6 @@ def test_cpp_bf16_gated_activations_every_code(C, h):
         assert np.isnan(y[np.isnan(av)]).all() and not np.isnan(y[finite]).any(), f"{name}: NaN in, NaN out"
         with np.errstate(all="ignore"):
             want = act(np.where(finite, av, 0.0)) * bv
-        np.testing.assert_allclose(y[finite], want[finite], rtol=rtol, atol=atol, err_msg=name)
+        err, bound = np.abs(y - want)[finite], (rtol * np.abs(want) + atol)[finite]
+        assert (err <= bound).all(), (f"{name}: {(err > bound).sum()} values off, worst at a="
+                                      f"{av[finite][np.argmax(err / bound)]}: {(err / bound).max():.3f} of the bound")

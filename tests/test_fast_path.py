@@ -20,6 +20,7 @@ import pytest
 
 import tensor_ops as to
 from tensor_ops import _state
+from tests._helpers import cpp_native
 
 pytestmark = pytest.mark.cpp    # the plain-call entries are the cpp backend's
 
@@ -29,11 +30,7 @@ OPS = ("rms_norm", "layer_norm", "softmax", "silu", "relu", "gelu", "swiglu", "g
 
 @pytest.fixture
 def C(isolated_config, unforced):
-    from tensor_ops.backends import cpp
-    ok, reason = cpp.availability()
-    if not ok:
-        pytest.skip(f"cpp unavailable: {reason}")
-    return cpp.native()
+    return cpp_native()
 
 
 def _args(op, x):

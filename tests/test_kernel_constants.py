@@ -8,8 +8,11 @@ reference values written once here:
 - the erf rational approximation x P(x^2) / Q(x^2) on [-4, 4] (the Eigen / XLA fp32 form):
   C++ ``verf``, OpenCL ``HERF_BODY`` (P halved by ``0.5f *``: herf = erf / 2). CUDA calls
   ``erff`` and has no copy;
-- the GELU constants 1/sqrt(2) (C++ ``vgelu_erf``, OpenCL ``GELU8``/``GELU1``, CUDA
-  ``gelu_erf_f``), sqrt(2/pi) and 0.044715 (CUDA ``gelu_tanh_f`` as written; C++
+- the same rational folded with 1/sqrt(2) for exact GELU's fp32 form (C++ ``verf_sqrt_half``:
+  erf(x/sqrt2) = x P'(x^2) / Q'(x^2) with P'_k = P_k / (sqrt2 2^k), Q'_k = Q_k / 2^k, x clamped to
+  [-6, 4 sqrt2]);
+- the GELU constants 1/sqrt(2) (C++: recovered from ``verf_sqrt_half``'s P', OpenCL
+  ``GELU8``/``GELU1``, CUDA ``gelu_erf_f``), sqrt(2/pi) and 0.044715 (CUDA ``gelu_tanh_f`` as written; C++
   ``vgelu_tanh`` folded with -2 log2(e) for its 2^v; OpenCL ``GELU_TANH8``/``GELU_TANH1``
   folded with -2), recovered from each form;
 - the exp constants: log2(e) (C++ ``vexp_reduced`` and ``vsilu``, OpenCL ``EXP_BODY``) and
@@ -131,11 +134,18 @@ def erf_coefficients(src: dict) -> dict:
     return out
 
 
+def folded_erf(src: dict) -> tuple:
+    """C++ ``verf_sqrt_half`` as written: (P', Q', clamps), P' and Q' highest power first."""
+    lits = literals(function_body(src, "cpp", "verf_sqrt_half"))
+    coef = only(lits, 0.0, 0.1, "cpp verf_sqrt_half P' and Q'", len(ERF_P) + len(ERF_Q))
+    return coef[:len(ERF_P)], coef[len(ERF_P):], [v for v in lits if abs(v) >= 1.0]
+
+
 def gelu_constants(src: dict) -> dict:
     """{(lang, where): (1/sqrt2 or None, sqrt(2/pi) or None, 0.044715 or None)}."""
     out = {}
-    out[("cpp", "vgelu_erf")] = (only(literals(function_body(src, "cpp", "vgelu_erf")), 0.7, 0.72, "cpp vgelu_erf")[0],
-                                 None, None)
+    p = folded_erf(src)[0]   # 1/sqrt2 from the constant term, P'_0 = P_0 / sqrt2 (the others: check_shared)
+    out[("cpp", "verf_sqrt_half")] = (p[-1] / ERF_P[-1], None, None)
     # C++ folds -2 sqrt(2/pi) log2(e) (c2) and its product with 0.044715 (c1) for vexp2_fast
     lits = literals(function_body(src, "cpp", "vgelu_tanh_arg"))
     c1 = only(lits, 0.05, 0.2, "cpp vgelu_tanh_arg c1")[0]
@@ -190,6 +200,14 @@ def check_shared(src: dict) -> None:
         assert p == ERF_P, f"{lang}: erf P {p} != {ERF_P}"
         assert q == ERF_Q, f"{lang}: erf Q {q} != {ERF_Q}"
         assert sorted(set(clamps)) == [-ERF_CLAMP, ERF_CLAMP], f"{lang}: erf clamp {clamps} is not +-{ERF_CLAMP}"
+    p, q, clamps = folded_erf(src)
+    deg_p, deg_q = len(ERF_P) - 1, len(ERF_Q) - 1
+    for i, (got, ref) in enumerate(zip(p, ERF_P)):
+        close(got, ref * INV_SQRT2 / 2 ** (deg_p - i), f"cpp verf_sqrt_half: P'[{i}] (P / (sqrt2 2^k))")
+    for i, (got, ref) in enumerate(zip(q, ERF_Q)):
+        close(got, ref / 2 ** (deg_q - i), f"cpp verf_sqrt_half: Q'[{i}] (Q / 2^k)")
+    assert len(clamps) == 2 and clamps[1] == -6.0, f"cpp verf_sqrt_half: clamps {clamps} are not (4 sqrt2, -6)"
+    close(clamps[0], ERF_CLAMP * math.sqrt(2.0), "cpp verf_sqrt_half: upper clamp 4 sqrt2")
     for (lang, where), (inv_sqrt2, s, k) in gelu_constants(src).items():
         if inv_sqrt2 is not None:
             close(inv_sqrt2, INV_SQRT2, f"{lang} {where}: 1/sqrt(2)")
@@ -232,6 +250,9 @@ MUTATIONS = [
     ("opencl", "2.77068142495902e-08f", "2.77068142495903e-08f"),     # erf P (halved), OpenCL
     ("opencl", "q * x2 - 1.68282697438203e-03f", "q * x2 - 1.68282697438213e-03f"),  # erf Q
     ("cpp", "vset(4.0f), vmax(vset(-4.0f)", "vset(4.5f), vmax(vset(-4.0f)"),  # erf clamp
+    ("cpp", "-1.04460878015564e-03f", "-1.04460878025564e-03f"),  # folded P'
+    ("cpp", "-2.66717569098631e-05f", "-2.66717579098631e-05f"),  # folded Q'
+    ("cpp", "vset(5.65685424949238f)", "vset(5.65685524949238f)"),     # folded clamp 4 sqrt2
     ("cuda", "0.70710678118654752f", "0.70710678128654752f"),         # 1/sqrt(2)
     ("opencl", "0.70710678118654752f", "0.70710679118654752f"),
     ("cpp", "-0.10294323958002349f", "-0.10294323968002349f"),        # folded 0.044715

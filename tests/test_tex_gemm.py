@@ -8,6 +8,7 @@ import torch.nn.functional as F  # noqa: E402
 
 import tensor_ops.tex as tex  # noqa: E402
 from tensor_ops.tex import _testing as T  # noqa: E402
+from tests._helpers import cpp_native  # noqa: E402
 
 DT = [pytest.param(d, id=str(d).split(".")[-1]) for d in T.DTYPES]
 WS = torch.empty(0, dtype=torch.uint8)
@@ -127,13 +128,11 @@ def test_bias_grad_rounds_once(backend, dtype, otype):
 def test_native_column_sums(dtype, rows, n):
     """default.cpp's bias gradient (``_cpp.col_sums``): every remainder of its 64-row blocks, 4-row
     steps and vector lanes, against fp64; error within a 64-term fp32 sum per block."""
-    from tensor_ops.backends import cpp
-    if not cpp.availability()[0]:
-        pytest.skip(cpp.availability()[1])
+    C = cpp_native()
     from tensor_ops.tex import _cpp_base as A
     x = T.rand((rows, n), dtype, seed=rows + n) * 4 - 1
     out = torch.full((n,), float("nan"))
-    cpp.native().col_sums(A._np(x), out.numpy(), dtype=A._kw(x))
+    C.col_sums(A._np(x), out.numpy(), dtype=A._kw(x))
     exact = x.double().sum(0)
     u = 2.0 ** -24
     bound = 64 * u * x.double().abs().sum(0) + u * exact.abs()
@@ -144,17 +143,15 @@ def test_native_column_sums_fold_blocks_in_fp64():
     """A column of 2^26 and then ones: an fp32 running sum drops every 1 (2^26 + 4 rounds to 2^26,
     even four at a time); the blocked sum loses at most the first block's 63 and adds the other
     blocks exactly in fp64 (a plain fp32 sum is 1024 off here)."""
-    from tensor_ops.backends import cpp
-    if not cpp.availability()[0]:
-        pytest.skip(cpp.availability()[1])
+    C = cpp_native()
     x = torch.ones(1025, 3)
     x[0] = 2.0 ** 26
     out = torch.empty(3)
-    cpp.native().col_sums(x.numpy(), out.numpy())
+    C.col_sums(x.numpy(), out.numpy())
     err = (out.double() - (2.0 ** 26 + 1024)).abs()
     assert (err <= 63 + 8).all(), out     # + 8: the result's own rounding (fp32 spacing at 2^26)
     with pytest.raises(ValueError, match="out must hold n = 3"):
-        cpp.native().col_sums(x.numpy(), torch.empty(4).numpy())
+        C.col_sums(x.numpy(), torch.empty(4).numpy())
 
 
 def test_accumulate_alpha_beta_and_inplace():

@@ -66,10 +66,12 @@ def imported_alone(tmp_path_factory):
     env = _env()
     env["TENSOR_OPS_CONFIG"] = str(tmp_path_factory.mktemp("imports") / "backend.json")
     if not hasattr(os, "fork"):   # one fresh interpreter per module where there is no fork
-        return {mod: ("ok" if subprocess.run(
-            [sys.executable, "-c", f"import {PKG}.{mod} as m; assert m.__name__ == '{PKG}.{mod}'"],
-            cwd=ROOT, env=env, capture_output=True, text=True, timeout=180).returncode == 0 else "failed")
-            for mod in MODULES}
+        out = {}
+        for mod in MODULES:
+            c = subprocess.run([sys.executable, "-c", f"import {PKG}.{mod} as m; assert m.__name__ == '{PKG}.{mod}'"],
+                               cwd=ROOT, env=env, capture_output=True, text=True, timeout=180)
+            out[mod] = "ok" if c.returncode == 0 else c.stderr or f"exited with status {c.returncode}"
+        return out
     p = subprocess.run([sys.executable, "-c", _FORKED, *MODULES], cwd=ROOT, env=env, capture_output=True,
                        text=True, timeout=600)
     assert p.returncode == 0, p.stderr

@@ -14,17 +14,11 @@ torch = pytest.importorskip("torch")
 import tensor_ops.tex as tex  # noqa: E402
 from tensor_ops.tex import _testing as T  # noqa: E402
 from tensor_ops.tex._norms import ref_layernorm_bwd  # noqa: E402
+from tests._helpers import cpp_native  # noqa: E402
 
 pytestmark = pytest.mark.tex
 
 ADAM_BACKENDS = T.backends_for("multi_tensor_adam")
-
-
-def _native():
-    from tensor_ops.backends import cpp
-    if not cpp.availability()[0]:
-        pytest.skip(cpp.availability()[1])
-    return cpp.native()
 
 
 # ---------------------------------------------------------------- Adam in torch's rounding order
@@ -124,7 +118,7 @@ def _te_dt(dt):
 def test_layernorm_fwd_bwd_native_matches_torch(dt):
     """layernorm_fwd/bwd are served by default.cpp (no reference fallback) for the three dtypes,
     and agree with torch's autograd; dgamma/dbeta come back in gamma's dtype."""
-    _native()
+    cpp_native()
     x, w, b, dz = _ln_case(dt)
     before = (_served("layernorm_fwd").get("default.cpp", 0), _served("layernorm_bwd").get("default.cpp", 0))
     y, mu, rs = tex.layernorm_fwd(x, w, b, 1e-5, None, None, _te_dt(dt), 0, False)
@@ -147,7 +141,7 @@ def test_layernorm_bwd_threads_and_streaming(dt):
     """A backward big enough for threads and streaming stores (4 MiB+ of dx): dx, dgamma and dbeta
     are the same bit for bit on 1 and 2 threads and with rows that do not start on a vector
     boundary (odd h) (dgamma/dbeta: partial sums over fixed row groups, added in group order)."""
-    C = _native()
+    C = cpp_native()
     for rows, h in ((2048, 1024), (1031, 1027)):
         x, w, b, dz = _ln_case(dt, rows, h, seed=3)
         y, mu, rs = tex.layernorm_fwd(x, w, b, 1e-5, None, None, _te_dt(dt), 0, False)
@@ -184,7 +178,7 @@ def test_column_reductions_are_deterministic(dt):
     partials over dynamically claimed chunks; repeated calls differed in the last bits (fp32
     dbias_dgelu at 8192x4096: up to 8e-4; the l2norm case gave 2 different sums in 12 calls)."""
     from tensor_ops.tex import _cpp_base as A
-    C = _native()
+    C = cpp_native()
     rows, h = 1500, 520
     x, w, b, dz = _ln_case(dt, rows, h, seed=5)
     _, mu, rs = tex.layernorm_fwd(x, w, b, 1e-5, None, None, _te_dt(dt), 0, False)
@@ -231,7 +225,7 @@ def test_norms_from_concurrent_threads():
     """The kernels release the GIL and share one thread pool: callers on several Python threads
     at once (a call that finds the pool busy runs on its own thread) all get their own right
     answer."""
-    C = _native()
+    C = cpp_native()
     cases = [_ln_case(torch.float32, 1024, 1024, seed=s) for s in range(4)]
     want = []
     for x, w, b, dz in cases:
@@ -264,7 +258,7 @@ def test_norms_from_concurrent_threads():
 def test_te_layernorm_mlp_norms_are_native(dt):
     """TE's LayerNormMLP (the benchmark's module) reaches the native kernels for its norm forward
     and backward in every dtype: nothing falls to the torch reference."""
-    _native()
+    cpp_native()
     from tests._te_cpu import cuda_on_cpu, import_te
     te = import_te()
     with cuda_on_cpu():
@@ -286,7 +280,7 @@ def test_te_layernorm_mlp_norms_are_native(dt):
 def test_dglu_is_glu2_bwd(kind, act, dt):
     """tex's dswiglu/dgeglu and the autograd's glu2_bwd are one kernel (backward.cpp's
     gated_bwd_k): the same bits on [a | b] rows."""
-    C = _native()
+    C = cpp_native()
     g = torch.Generator().manual_seed(5)
     rows, h = 37, 200
     x = (torch.randn(rows, 2 * h, generator=g) * 3).to(dt)

@@ -26,6 +26,7 @@ F = torch.nn.functional
 import tensor_ops as to  # noqa: E402
 import tensor_ops.nn as tnn  # noqa: E402
 from tensor_ops.torch import _eager  # noqa: E402
+from tests._helpers import cpp_native  # noqa: E402
 from torch.utils._python_dispatch import TorchDispatchMode  # noqa: E402
 
 from .test_torch_autograd import CASES, _inputs  # noqa: E402
@@ -153,10 +154,7 @@ def test_eager_backward_without_grad_for_some_inputs():
 # ----------------------------------------------------------------- Parameters on the native entry
 
 def _entry_calls(op):
-    from tensor_ops.backends import cpp
-    if not cpp.availability()[0]:
-        pytest.skip(f"cpp unavailable: {cpp.availability()[1]}")
-    return cpp.native()._fast_calls()[op]
+    return cpp_native()._fast_calls()[op]
 
 
 def test_parameters_take_the_native_entry_when_autograd_does_not_record():
@@ -185,12 +183,9 @@ def test_parameters_take_the_native_entry_when_autograd_does_not_record():
 # ----------------------------------------------------------------- _torch_views
 
 def _views(*args):
-    from tensor_ops.backends import cpp
-    ok, reason = cpp.availability()
-    if not ok:
-        pytest.skip(f"cpp unavailable: {reason}")
+    C = cpp_native()
     to.rms_norm(torch.ones(1, 4), torch.ones(4))       # hands the module torch's objects
-    return cpp.native()._torch_views(*args)
+    return C._torch_views(*args)
 
 
 @pytest.mark.parametrize("make", [
