@@ -296,14 +296,14 @@ inline V verf_sqrt_half(V x) {
 // give -0 (x = -0, gelu(-big)), and an OR of x's sign bit cost it all back.
 // Saturation must not hang on the rational's last bit, which differs by variant (the scalar
 // build rounds a*b + c twice): e at 5.6 is 1 on AVX2 but 1 - 2^-23 there, which left
-// gelu(-65504) = -0.002. So x is clamped to [-6, 4 sqrt2]: at -6 every variant's e overshoots
-// -1 by 36 ulp and e >= -1 (one vmax) makes Phi exactly 0, so gelu(x <= -6) = -0 (true |gelu|
-// < 6e-9); at 4 sqrt2 e is 1 + 2^-23 in both built forms, so Phi = 1 + 2^-24 rounds (to even)
-// to exactly 1 and gelu(x) = x from there up. Between 4 and 6 the rational overshoots |e| = 1
-// by a few ulp; e >= -1 keeps Phi >= 0, so a negative x never gives a positive result (the
-// former form did at 5942 of 4M points of [-8, 8], x in (-5.66, -4)); the positive side's
-// overshoot is a relative 6e-8. Error against float64 on [-8, 8]: at most 0.091 of the fp32
-// tolerance (1e-5 + 1.3e-6 |y|; 0.106 before).
+// gelu(-65504) = -0.002. So x is clamped to [-6, 4 sqrt2]: at -6 e overshoots -1 by 36 ulp in
+// the scalar and AVX2 forms (AVX-512 runs AVX2's FMA sequence) and e >= -1 (one vmax) makes Phi
+// exactly 0, so gelu(x <= -6) = -0 (true |gelu| < 6e-9); at 4 sqrt2 e is 1 + 2^-23 in both
+// forms, so Phi = 1 + 2^-24 rounds (to even) to exactly 1 and gelu(x) = x from there up.
+// Between 4 and 6 the rational overshoots |e| = 1 by a few ulp; e >= -1 keeps Phi >= 0, so a
+// negative x never gives a positive result (the former form did at 5942 of 4M points of [-8,
+// 8], x in (-5.66, -4)); the positive side's overshoot is a relative 6e-8. Error against
+// float64 on [-8, 8]: at most 0.091 of the fp32 tolerance (1e-5 + 1.3e-6 |y|; 0.106 before).
 // LP (16-bit outputs, AVX-512): x * Phi(x) with Phi(-a) = 2^P(a), a = |x|, P a degree-5
 // polynomial for log2 Phi(-a), and Phi(x) = 1 - Phi(-a) for x >= 0 (no cancellation: Phi(-a)
 // <= 1/2). 5 FMAs + vexp2_d3 + a masked subtraction replace the rational's 11 FMAs and
