@@ -577,8 +577,9 @@ def test_gelu_erf_fp32_sign_and_saturation(C):
     its overshoot of |erf| = 1 between 4 and 6 must not turn a negative x's result positive
     (the former form did at 5942 of these points). Run under every variant by the subprocess
     test below."""
+    top = np.float32(4 * np.sqrt(2))                # the kernel's upper clamp, as fp32
     x = np.concatenate([np.linspace(-8, 8, 4_000_001, dtype=np.float32),
-                        np.array([-np.inf, -3.4e38, -65504, -1e4, -6, -0.0, 0.0, 5.6568545, 6, 1e4, 65504,
+                        np.array([-np.inf, -3.4e38, -65504, -1e4, -6, -0.0, 0.0, top, 6, 1e4, 65504,
                                   3.4e38, np.inf], np.float32)])
     y = C.gelu(x, "none")
     neg = x < 0
@@ -586,7 +587,7 @@ def test_gelu_erf_fp32_sign_and_saturation(C):
     sat = x <= -6
     assert (y[sat & np.isfinite(x)] == 0).all() and np.signbit(y[sat & np.isfinite(x)]).all()
     assert np.isnan(y[x == -np.inf]).all()          # -inf * 0, as the float64 formula gives
-    up = x >= np.float32(5.6568545)
+    up = x >= top
     assert (y[up] == x[up]).all(), f"gelu(x) != x at x={x[up][y[up] != x[up]][:5]}"
     assert np.signbit(y[(x == 0) & np.signbit(x)]).all() and not np.signbit(y[(x == 0) & ~np.signbit(x)]).any()
 
