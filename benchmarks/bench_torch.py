@@ -17,7 +17,14 @@ Three tables, every ratio the median of per-round ratios of rows timed in the sa
 3. **small call**: (1, 4096) fp32 rms_norm through the facade on a torch tensor, on a NumPy
    array, and ``torch.nn.functional.rms_norm``, in blocks of calls; off the native entry, the
    general path (``backend="cpp"``), the autograd forward (a Parameter weight) and forward +
-   backward against ``F.rms_norm``'s.
+   backward against ``F.rms_norm``'s;
+4. **small autograd calls, every op** (with ``--small``): one row of 4096 (swiglu 8192, rope
+   a decode step's (32, 1, 128)) that requires grad, Parameter weights: the forward and
+   forward + ``.sum().backward()`` against the same in torch eager (``F.rms_norm``,
+   ``F.layer_norm``, ``x + r`` then ``F.rms_norm``, ``torch.softmax``, ``F.silu``, ``F.gelu``,
+   ``F.silu(a) * b``, rope's rotate-half formula). At this size a call is its overheads: torch's
+   autograd nodes are C++, ours an ``autograd.Function`` (CONTRIBUTING.md, "Torch calls off
+   the fast path").
 """
 from __future__ import annotations
 
@@ -122,6 +129,53 @@ def small_call(rounds: int, calls: int) -> dict:
             "fwd_bwd_x_vs_F": st["autograd_fwd_bwd"]["vs"]["F.rms_norm_fwd_bwd"]}
 
 
+def _rope_torch(x, cos, sin):
+    h = x.shape[-1] // 2
+    return x * cos + torch.cat([-x[..., h:], x[..., :h]], -1) * sin
+
+
+def _swiglu_torch(x):
+    a, b = x.chunk(2, -1)
+    return F.silu(a) * b
+
+
+def autograd_small(rounds: int, calls: int) -> list:
+    g = torch.Generator().manual_seed(0)
+    x, r = (torch.randn(1, 4096, generator=g).requires_grad_() for _ in "ab")
+    w, b = (torch.nn.Parameter(torch.randn(4096, generator=g)) for _ in "ab")
+    x2 = torch.randn(1, 8192, generator=g).requires_grad_()
+    q = torch.randn(32, 1, 128, generator=g).requires_grad_()
+    cos, sin = torch.randn(1, 128, generator=g), torch.randn(1, 128, generator=g)
+    pairs = {
+        "rms_norm": (lambda: to.rms_norm(x, w, 1e-6), lambda: F.rms_norm(x, (4096,), w, 1e-6)),
+        "layer_norm": (lambda: to.layer_norm(x, w, b, 1e-5), lambda: F.layer_norm(x, (4096,), w, b, 1e-5)),
+        "add_rms_norm": (lambda: sum(to.add_rms_norm(x, r, w, 1e-6)),
+                         lambda: (lambda s: F.rms_norm(s, (4096,), w, 1e-6) + s)(x + r)),
+        "softmax": (lambda: to.softmax(x), lambda: torch.softmax(x, -1)),
+        "silu": (lambda: to.silu(x), lambda: F.silu(x)),
+        "gelu": (lambda: to.gelu(x), lambda: F.gelu(x)),
+        "swiglu": (lambda: to.swiglu(x2), lambda: _swiglu_torch(x2)),
+        "rope": (lambda: to.rope(q, cos, sin), lambda: _rope_torch(q, cos, sin)),
+    }
+    out = []
+    for op, (ours, ref) in pairs.items():
+        fns = {"fwd": ours, "torch_fwd": ref, "fwd_bwd": lambda f=ours: f().sum().backward(),
+               "torch_fwd_bwd": lambda f=ref: f().sum().backward()}
+        st = _bench.stats(_bench.time_rounds(fns, 0, rounds, calls=calls), 1)
+        out.append({"op": op, **{f"{k}_us": st[k]["median_s"] * 1e6 for k in fns},
+                    "x_torch_fwd": st["fwd"]["vs"]["torch_fwd"],
+                    "x_torch_fwd_bwd": st["fwd_bwd"]["vs"]["torch_fwd_bwd"]})
+    return out
+
+
+def _print_autograd_small(rows: list) -> None:
+    print("\nsmall autograd calls (one row; medians of blocks of calls), vs torch eager")
+    print(f"{'op':<13} {'fwd us':>8} {'torch':>8} {'x torch':>8} {'fwd+bwd us':>11} {'torch':>8} {'x torch':>8}")
+    for r in rows:
+        print(f"{r['op']:<13} {r['fwd_us']:>8.1f} {r['torch_fwd_us']:>8.1f} {r['x_torch_fwd']:>8.2f} "
+              f"{r['fwd_bwd_us']:>11.1f} {r['torch_fwd_bwd_us']:>8.1f} {r['x_torch_fwd_bwd']:>8.2f}")
+
+
 def _print_small(s: dict) -> None:
     u = s["us"]
     print(f"\nsmall call rms_norm (1, 4096) fp32, medians of blocks of 200 calls: torch tensor "
@@ -147,8 +201,12 @@ def main(argv=None) -> int:
     a = p.parse_args(argv)
     rows, rounds = (1024, 3) if a.quick else (a.rows, a.rounds)
     if a.small:
-        res = {"small_call": small_call(max(rounds, 15), 200)}
+        res = {"small_call": small_call(max(rounds, 15), 200), "autograd_small": autograd_small(max(rounds, 9), 50)}
         _print_small(res["small_call"])
+        _print_autograd_small(res["autograd_small"])
+        if a.json:
+            with open(a.json, "w") as f:
+                json.dump(res, f, indent=1)
         return 0
     res = {"forward": forward(rows, rounds), "forward_backward": forward_backward(rows, max(3, rounds // 2)),
            "small_call": small_call(max(rounds, 15), 200), "torch": torch.__version__,

@@ -76,6 +76,10 @@ py::tuple glu2_bwd(const py::object& dy_, const py::object& a_, const py::object
     return py::make_tuple(rda, rdb);
 }
 
+
+}  // namespace
+
+// Also called by the autograd entries (fast_entry.cpp).
 py::object glu_bwd(const py::object& dy_, const py::object& x_, const py::object& dx_, const std::string& act,
                    const py::object& dtype) {
     const bool bf = parse_bf16(dtype);
@@ -122,7 +126,6 @@ py::object gelu_erf_bwd(const py::object& dy_, const py::object& x_, const py::o
     return res;
 }
 
-}  // namespace
 
 void register_autograd(py::module_& m) {
     using namespace pybind11::literals;

@@ -13,7 +13,6 @@
 #include "runtime.h"
 
 namespace to {
-namespace {
 
 // Per-thread fp32 partials of dgamma/dbeta, reduced after the parallel region and cast.
 py::tuple norm_bwd(bool layer, const py::object& dz_, const py::object& x_, const py::object& mu_,
@@ -68,6 +67,8 @@ py::tuple norm_bwd(bool layer, const py::object& dz_, const py::object& x_, cons
     if (layer) return py::make_tuple(rdx, rdg, rdb);
     return py::make_tuple(rdx, rdg);
 }
+
+namespace {
 
 void adam_step(const py::object& g_, const py::object& p_, const py::object& m_, const py::object& v_, double lr,
                double beta1, double beta2, float eps, double bc1, double bc2, int mode, double wd,

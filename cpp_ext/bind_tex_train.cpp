@@ -39,46 +39,6 @@ const I* get_int(const py::handle& h, const char* name, char kind, int64_t& size
     return (const I*)a.data();
 }
 
-void dact(const py::object& g_, const py::object& x_, const py::object& out_, int kind, const py::object& dbias_,
-          const py::object& dtype) {
-    const bool bf = parse_bf16(dtype);
-    Arr x = get(x_, "x", bf), g = get(g_, "grad", bf, x.dt), o = get(out_, "out", bf, x.dt, true);
-    check_same(g, x, "grad", "x");
-    check_same(o, x, "out", "x");
-    int64_t rows, n;
-    rows_n(x, "x", rows, n);
-    float* acc = nullptr;
-    if (!dbias_.is_none()) {
-        Arr b = get_f32(dbias_, "dbias", true);
-        if (b.size != n) shape_error("dbias must hold n = " + std::to_string(n) + " float32, got " + std::to_string(b.size));
-        acc = (float*)b.data;
-    }
-    auto k = g_k->dact[x.dt][dact_code(kind)];
-    const int es = ELSIZE[x.dt];
-    const int64_t bytes = 3 * x.size * es;
-    const bool nt = use_nt(x.size * es);
-    if (x.size == 0) {
-        if (acc) for (int64_t i = 0; i < n; ++i) acc[i] = 0.f;
-        return;
-    }
-    py::gil_scoped_release nogil;
-    if (!acc) {
-        parallel_flat(x.size, bytes, [&](int64_t b, int64_t e, int) {
-            k(g.data + b * es, x.data + b * es, o.data + b * es, 1, e - b, nullptr, nt);
-        });
-        return;
-    }
-    const int64_t groups = row_groups(rows);
-    Scratch part((size_t)groups * n, x.data, true);
-    parallel_row_groups(rows, threads_for(bytes, groups), [&](int64_t b, int64_t e, int64_t t, int) {  // t: the row group
-        k(g.data + b * n * es, x.data + b * n * es, o.data + b * n * es, e - b, n, part.get() + (size_t)t * n, nt);
-    });
-    for (int64_t i = 0; i < n; ++i) {  // in group order: the same sums whatever the threads
-        float s = 0.f;
-        for (int64_t t = 0; t < groups; ++t) s += part[(size_t)t * n + i];
-        acc[i] = s;
-    }
-}
 
 void dglu(const py::object& g_, const py::object& x_, const py::object& out_, int kind, const py::object& dtype) {
     const bool bf = parse_bf16(dtype);
@@ -130,23 +90,6 @@ void tex_softmax(const py::object& x_, const py::object& out_, float scale, int 
     });
 }
 
-void tex_softmax_bwd(const py::object& dy_, const py::object& y_, const py::object& out_, float scale,
-                     const py::object& dtype) {
-    const bool bf = parse_bf16(dtype);
-    Arr y = get(y_, "y", bf), dy = get(dy_, "dy", bf, y.dt), o = get(out_, "out", bf, y.dt, true);
-    check_same(dy, y, "dy", "y");
-    check_same(o, y, "out", "y");
-    int64_t rows, n;
-    rows_n(y, "y", rows, n);
-    if (y.size == 0) return;
-    auto k = g_k->tsoftmax_bwd[y.dt];
-    const int es = ELSIZE[y.dt];
-    const bool nt = use_nt(y.size * es);
-    py::gil_scoped_release nogil;
-    parallel_units(rows, threads_for(3 * y.size * es, rows), [&](int64_t b, int64_t e, int) {
-        k(dy.data + b * n * es, y.data + b * n * es, o.data + b * n * es, e - b, n, scale, nt);
-    });
-}
 
 void tex_rope(const py::object& x_, const py::object& cos_, const py::object& sin_, const py::object& pos_,
               const py::object& out_, int64_t heads, bool interleaved, bool transpose, const py::object& dtype) {
@@ -222,6 +165,67 @@ void col_sums(const py::object& x_, const py::object& out_, const py::object& dt
 }
 
 }  // namespace
+
+// Also called by the autograd entries (fast_entry.cpp).
+void dact(const py::object& g_, const py::object& x_, const py::object& out_, int kind, const py::object& dbias_,
+          const py::object& dtype) {
+    const bool bf = parse_bf16(dtype);
+    Arr x = get(x_, "x", bf), g = get(g_, "grad", bf, x.dt), o = get(out_, "out", bf, x.dt, true);
+    check_same(g, x, "grad", "x");
+    check_same(o, x, "out", "x");
+    int64_t rows, n;
+    rows_n(x, "x", rows, n);
+    float* acc = nullptr;
+    if (!dbias_.is_none()) {
+        Arr b = get_f32(dbias_, "dbias", true);
+        if (b.size != n) shape_error("dbias must hold n = " + std::to_string(n) + " float32, got " + std::to_string(b.size));
+        acc = (float*)b.data;
+    }
+    auto k = g_k->dact[x.dt][dact_code(kind)];
+    const int es = ELSIZE[x.dt];
+    const int64_t bytes = 3 * x.size * es;
+    const bool nt = use_nt(x.size * es);
+    if (x.size == 0) {
+        if (acc) for (int64_t i = 0; i < n; ++i) acc[i] = 0.f;
+        return;
+    }
+    py::gil_scoped_release nogil;
+    if (!acc) {
+        parallel_flat(x.size, bytes, [&](int64_t b, int64_t e, int) {
+            k(g.data + b * es, x.data + b * es, o.data + b * es, 1, e - b, nullptr, nt);
+        });
+        return;
+    }
+    const int64_t groups = row_groups(rows);
+    Scratch part((size_t)groups * n, x.data, true);
+    parallel_row_groups(rows, threads_for(bytes, groups), [&](int64_t b, int64_t e, int64_t t, int) {  // t: the row group
+        k(g.data + b * n * es, x.data + b * n * es, o.data + b * n * es, e - b, n, part.get() + (size_t)t * n, nt);
+    });
+    for (int64_t i = 0; i < n; ++i) {  // in group order: the same sums whatever the threads
+        float s = 0.f;
+        for (int64_t t = 0; t < groups; ++t) s += part[(size_t)t * n + i];
+        acc[i] = s;
+    }
+}
+
+void tex_softmax_bwd(const py::object& dy_, const py::object& y_, const py::object& out_, float scale,
+                     const py::object& dtype) {
+    const bool bf = parse_bf16(dtype);
+    Arr y = get(y_, "y", bf), dy = get(dy_, "dy", bf, y.dt), o = get(out_, "out", bf, y.dt, true);
+    check_same(dy, y, "dy", "y");
+    check_same(o, y, "out", "y");
+    int64_t rows, n;
+    rows_n(y, "y", rows, n);
+    if (y.size == 0) return;
+    auto k = g_k->tsoftmax_bwd[y.dt];
+    const int es = ELSIZE[y.dt];
+    const bool nt = use_nt(y.size * es);
+    py::gil_scoped_release nogil;
+    parallel_units(rows, threads_for(3 * y.size * es, rows), [&](int64_t b, int64_t e, int) {
+        k(dy.data + b * n * es, y.data + b * n * es, o.data + b * n * es, e - b, n, scale, nt);
+    });
+}
+
 
 void register_tex_train(py::module_& m) {
     using namespace pybind11::literals;

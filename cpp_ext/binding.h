@@ -10,13 +10,16 @@
 //   bind_autograd.cpp the autograd kernels of tensor_ops.torch (glu2, glu2_bwd, glu_bwd,
 //                     gelu_erf_bwd; backward.cpp)
 //   bind_runtime.cpp  threads, tuning hooks, build_info, the output cache, stream_copy
-//   fast_entry.cpp    the facade's plain-call METH_FASTCALL entries (_fast_*)
+//   fast_entry.cpp    the facade's plain-call METH_FASTCALL entries (_fast_*), and autograd's
+//                     (the norms with statistics, the backward of the torch ops)
 //   torch_entry.cpp   those entries on torch CPU tensors (_set_torch)
 //   checks.cpp/.h     array checks at the boundary; alloc.cpp/.h fresh outputs;
 //   runtime.cpp/.h    ISA choice, threads, fork safety, environment (no pybind11)
 #pragma once
 
 #include <pybind11/pybind11.h>
+
+#include <string>
 
 namespace to {
 
@@ -37,6 +40,20 @@ py::object rope(const py::object& x, const py::object& cos, const py::object& si
 // the fused residual add + norm (layer: add_layer_norm, else add_rms_norm): (normed, x + residual)
 py::tuple add_norm(bool layer, const py::object& x, const py::object& r, const py::object& w, const py::object& b,
                    float eps, const py::object& out, const py::object& ro, const py::object& dtype);
+
+// the norms' backward (bind_tex.cpp; layer: layer_norm's, with mu and dbeta): (dx, dgamma[, dbeta])
+py::tuple norm_bwd(bool layer, const py::object& dz, const py::object& x, const py::object& mu,
+                   const py::object& rsigma, const py::object& g, const py::object& dx, const py::object& dg,
+                   const py::object& db, bool zc, const py::object& dtype);
+
+// the autograd backward kernels the entries call (bind_tex_train.cpp, bind_autograd.cpp)
+void dact(const py::object& g, const py::object& x, const py::object& out, int kind, const py::object& dbias,
+          const py::object& dtype);
+void tex_softmax_bwd(const py::object& dy, const py::object& y, const py::object& out, float scale,
+                     const py::object& dtype);
+py::object glu_bwd(const py::object& dy, const py::object& x, const py::object& dx, const std::string& act,
+                   const py::object& dtype);
+py::object gelu_erf_bwd(const py::object& dy, const py::object& x, const py::object& out, const py::object& dtype);
 
 void register_facade(py::module_& m);
 void register_tex(py::module_& m);

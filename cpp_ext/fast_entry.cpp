@@ -15,9 +15,14 @@
 // the manager's dispatch added ~1.4 us to a (1, 4096) rms_norm that costs ~0.9 us through
 // the binding alone (bench_cpp.py --small); as METH_FASTCALL functions they also skip
 // pybind11's argument dispatcher. Calls are counted here (the
-// manager adds them to get_backend_info()'s per-impl counts).
+// manager adds them to get_backend_info()'s per-impl counts). The norms also have entries for
+// autograd (tensor_ops/torch/_kernels.py): the forward with its statistics (_fast_*_stats,
+// PlainEntry.stats) and the backward from them (_fast_*_bwd); the activations, the gated ops and
+// softmax their backward (_fast_act_bwd, _fast_glu_bwd, _fast_softmax_bwd).
 #include <atomic>
+#include <vector>
 
+#include "alloc.h"
 #include "binding.h"
 #include "checks.h"
 
@@ -104,7 +109,7 @@ template <class F>
 PyObject* fast_call(int op, const F& f) {
     try {
         py::object r = f();
-        g_fast_calls[op].fetch_add(1, std::memory_order_relaxed);
+        if (op >= 0) g_fast_calls[op].fetch_add(1, std::memory_order_relaxed);  // -1: a backward, not counted
         return r.release().ptr();
     } catch (py::error_already_set& e) {
         e.restore();
@@ -139,6 +144,40 @@ PyObject* fast_layer_norm(PyObject*, PyObject* const* a, Py_ssize_t na) {
     const py::object none = py::none();
     return fast_call(FO_LN,
                      [&] { return layer_norm(B(a[0]), B(a[1]), B(a[2]), eps, B(out), none, none, false, none); });
+}
+// The norms with their per-row statistics, for an autograd forward (tensor_ops/torch/_kernels.py
+// rms_norm_fwd / layer_norm_fwd: the backward kernels reuse them): (y, rsigma) and (y, mu,
+// rsigma), the statistics float32 of shape x.shape[:-1]. The plain case of the entries above,
+// without out=. Through Python (the resolver's choice, prepare, the kernel with rsigma=) a
+// (1, 4096) autograd forward spent ~25 us here; counted as the op's plain calls.
+py::array stats_like(PyObject* x) {
+    auto* p = proxy(x);
+    return py::array_t<float>(std::vector<py::ssize_t>(p->dimensions, p->dimensions + p->nd - 1));
+}
+PyObject* fast_rms_norm_stats(PyObject*, PyObject* const* a, Py_ssize_t na) {
+    float eps;
+    int dt;
+    if (na != 3 || (dt = plain_dt(a[0])) < 0 || !plain_vec(a[1], dt, last_dim(a[0])) || !plain_eps(a[2], eps))
+        return declined();
+    const py::object none = py::none();
+    return fast_call(FO_RMS, [&] {
+        py::array rs = stats_like(a[0]);
+        py::object y = rms_norm(B(a[0]), B(a[1]), eps, none, rs, false, none);
+        return py::object(py::make_tuple(y, rs));
+    });
+}
+PyObject* fast_layer_norm_stats(PyObject*, PyObject* const* a, Py_ssize_t na) {
+    float eps;
+    int dt;
+    if (na != 4 || (dt = plain_dt(a[0])) < 0 || !plain_vec(a[1], dt, last_dim(a[0])) ||
+        (a[2] != Py_None && !plain_vec(a[2], dt, last_dim(a[0]))) || !plain_eps(a[3], eps))
+        return declined();
+    const py::object none = py::none();
+    return fast_call(FO_LN, [&] {
+        py::array mu = stats_like(a[0]), rs = stats_like(a[0]);
+        py::object y = layer_norm(B(a[0]), B(a[1]), B(a[2]), eps, none, mu, rs, false, none);
+        return py::object(py::make_tuple(y, mu, rs));
+    });
 }
 PyObject* fast_softmax(PyObject*, PyObject* const* a, Py_ssize_t na) {
     int dt;
@@ -219,6 +258,88 @@ PyObject* fast_add_layer_norm(PyObject*, PyObject* const* a, Py_ssize_t na) {
                      [&] { return add_norm(true, B(a[0]), B(a[1]), B(a[2]), B(a[3]), eps, none, none, none); });
 }
 
+// The norms' backward from the statistics of _fast_*_stats (above): (dx, dweight) and (dx,
+// dweight, dbias) of dy, x (one plain dtype, one shape), the float32 statistics (x.shape[:-1],
+// >= 1-D) and the weight. Through Python (the checks, two allocations, six views) a (1, 4096)
+// backward cost ~40 us. Not counted: they are no facade calls.
+bool plain_stats(PyObject* s, PyObject* x) {
+    if (plain_dt(s) != DT_F32) return false;
+    int64_t n = 1, rows = 1;
+    for (int i = 0; i < proxy(s)->nd; ++i) n *= proxy(s)->dimensions[i];
+    for (int i = 0; i < proxy(x)->nd - 1; ++i) rows *= proxy(x)->dimensions[i];
+    return n == rows;
+}
+PyObject* fast_norm_bwd(PyObject* const* a, Py_ssize_t na, bool layer) {
+    const int k = layer ? 1 : 0;  // layer_norm's mu comes before rsigma
+    int dt;
+    if (na != 4 + k || (dt = plain_dt(a[1])) < 0 || !plain_like_x(a[0], a[1], dt) ||
+        (layer && !plain_stats(a[2], a[1])) || !plain_stats(a[2 + k], a[1]) || !plain_vec(a[3 + k], dt, last_dim(a[1])))
+        return declined();
+    const py::object none = py::none();
+    return fast_call(-1, [&] {
+        return py::object(norm_bwd(layer, B(a[0]), B(a[1]), layer ? B(a[2]) : none, B(a[2 + k]), B(a[3 + k]), none,
+                                   none, none, false, none));
+    });
+}
+PyObject* fast_rms_norm_bwd(PyObject*, PyObject* const* a, Py_ssize_t na) { return fast_norm_bwd(a, na, false); }
+PyObject* fast_layer_norm_bwd(PyObject*, PyObject* const* a, Py_ssize_t na) { return fast_norm_bwd(a, na, true); }
+
+// The backward of the activations, the gated ops and softmax (tensor_ops/torch/_kernels.py
+// act_bwd, glu_bwd, softmax_bwd), each into a fresh output: dy * act'(x) (act "silu", "gelu"
+// (erf), "gelu_tanh" or "relu"; dy and x of one plain dtype and shape); the gated ops'
+// [dy * b * act'(a) | dy * act(a)] of x = [a | b] (dy: x's shape, the last axis halved; act
+// "silu", "gelu" or "gelu_tanh"); softmax's scale * y * (dy - sum(dy * y)) over the last axis
+// (scale a float). Through Python and tex's dispatch a (1, 4096) silu backward cost ~100 us.
+constexpr int ACT_GELU_ERF = DA_COUNT;  // beside the DAct codes
+int plain_act(PyObject* a) {            // a DAct code, ACT_GELU_ERF, or -1
+    if (!PyUnicode_CheckExact(a)) return -1;
+    if (PyUnicode_CompareWithASCIIString(a, "silu") == 0) return DA_SILU;
+    if (PyUnicode_CompareWithASCIIString(a, "gelu") == 0) return ACT_GELU_ERF;
+    if (PyUnicode_CompareWithASCIIString(a, "gelu_tanh") == 0) return DA_GELU_TANH;
+    if (PyUnicode_CompareWithASCIIString(a, "relu") == 0) return DA_RELU;
+    return -1;
+}
+py::object fresh_like(PyObject* x) {
+    Arr xa = get(B(x), "x", false), o;
+    return get_out(py::none(), xa, o, false);
+}
+PyObject* fast_act_bwd(PyObject*, PyObject* const* a, Py_ssize_t na) {
+    int dt, act;
+    if (na != 3 || (dt = plain_dt(a[1])) < 0 || !plain_like_x(a[0], a[1], dt) || (act = plain_act(a[2])) < 0)
+        return declined();
+    const py::object none = py::none();
+    return fast_call(-1, [&] {
+        if (act == ACT_GELU_ERF) return gelu_erf_bwd(B(a[0]), B(a[1]), none, none);
+        py::object out = fresh_like(a[1]);
+        dact(B(a[0]), B(a[1]), out, act, none, none);
+        return out;
+    });
+}
+PyObject* fast_glu_bwd(PyObject*, PyObject* const* a, Py_ssize_t na) {
+    int dt, act;
+    if (na != 3 || (dt = plain_dt(a[1])) < 0 || plain_dt(a[0]) != dt || last_dim(a[1]) % 2 ||
+        (act = plain_act(a[2])) < 0 || act == DA_RELU)
+        return declined();
+    auto *pd = proxy(a[0]), *px = proxy(a[1]);
+    if (pd->nd != px->nd) return declined();
+    for (int i = 0; i < px->nd; ++i)
+        if (pd->dimensions[i] != (i == px->nd - 1 ? px->dimensions[i] / 2 : px->dimensions[i])) return declined();
+    const py::object none = py::none();
+    return fast_call(-1, [&] { return glu_bwd(B(a[0]), B(a[1]), none, PyUnicode_AsUTF8(a[2]), none); });
+}
+PyObject* fast_softmax_bwd(PyObject*, PyObject* const* a, Py_ssize_t na) {
+    int dt;
+    if (na != 3 || (dt = plain_dt(a[1])) < 0 || !plain_like_x(a[0], a[1], dt) || !PyFloat_CheckExact(a[2]))
+        return declined();
+    const float scale = (float)PyFloat_AS_DOUBLE(a[2]);
+    const py::object none = py::none();
+    return fast_call(-1, [&] {
+        py::object out = fresh_like(a[1]);
+        tex_softmax_bwd(B(a[0]), B(a[1]), out, scale, none);
+        return out;
+    });
+}
+
 // rope: the plain case is float32 (T, n) tables, T = x.shape[-2], as prepare makes them
 // ((T, n/2) tables, leading size-1 dims, other dtypes and float64 x decline: prepare builds
 // the (T, n) float32 tables they stand for); interleaved exactly True or False.
@@ -253,6 +374,21 @@ PyMethodDef g_fast_defs[] = {
     {"_fast_rms_norm", TO_FASTCALL(fast_rms_norm), METH_FASTCALL, TO_DOC("_fast_rms_norm", "x, weight, eps, out=None")},
     {"_fast_layer_norm", TO_FASTCALL(fast_layer_norm), METH_FASTCALL,
      TO_DOC("_fast_layer_norm", "x, weight, bias, eps, out=None")},
+    {"_fast_rms_norm_stats", TO_FASTCALL(fast_rms_norm_stats), METH_FASTCALL,
+     "_fast_rms_norm_stats(x, weight, eps, /)\n--\n\n(x, weight, eps) -> (y, rsigma) or None"},
+    {"_fast_layer_norm_stats", TO_FASTCALL(fast_layer_norm_stats), METH_FASTCALL,
+     "_fast_layer_norm_stats(x, weight, bias, eps, /)\n--\n\n(x, weight, bias, eps) -> (y, mu, rsigma) or None"},
+    {"_fast_rms_norm_bwd", TO_FASTCALL(fast_rms_norm_bwd), METH_FASTCALL,
+     "_fast_rms_norm_bwd(dy, x, rsigma, weight, /)\n--\n\n(dy, x, rsigma, weight) -> (dx, dweight) or None"},
+    {"_fast_layer_norm_bwd", TO_FASTCALL(fast_layer_norm_bwd), METH_FASTCALL,
+     "_fast_layer_norm_bwd(dy, x, mu, rsigma, weight, /)\n--\n\n(dy, x, mu, rsigma, weight) -> (dx, dweight, dbias) "
+     "or None"},
+    {"_fast_act_bwd", TO_FASTCALL(fast_act_bwd), METH_FASTCALL,
+     "_fast_act_bwd(dy, x, act, /)\n--\n\n(dy, x, act) -> dy * act'(x) or None"},
+    {"_fast_glu_bwd", TO_FASTCALL(fast_glu_bwd), METH_FASTCALL,
+     "_fast_glu_bwd(dy, x, act, /)\n--\n\n(dy, x, act) -> dx of act(a) * b, x = [a | b], or None"},
+    {"_fast_softmax_bwd", TO_FASTCALL(fast_softmax_bwd), METH_FASTCALL,
+     "_fast_softmax_bwd(dy, y, scale, /)\n--\n\n(dy, y, scale) -> scale * y * (dy - sum(dy * y)) or None"},
     {"_fast_softmax", TO_FASTCALL(fast_softmax), METH_FASTCALL, TO_DOC("_fast_softmax", "x, axis, out=None")},
     {"_fast_silu", TO_FASTCALL((fast_unary<FO_SILU, UN_SILU>)), METH_FASTCALL, TO_DOC("_fast_silu", "x, out=None")},
     {"_fast_relu", TO_FASTCALL((fast_unary<FO_RELU, UN_RELU>)), METH_FASTCALL, TO_DOC("_fast_relu", "x, out=None")},

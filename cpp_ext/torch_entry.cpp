@@ -162,6 +162,13 @@ PyObject* as_tensor(PyObject* r, int dt) {
     return b;
 }
 
+// The dtype of one array of an entry's tuple: the fused add + norm's pair have x's, the norms'
+// statistics (_fast_rms_norm_stats & co.) are float32 whatever x is.
+int result_dt(PyObject* e, int dt) {
+    const auto* d = py::detail::array_descriptor_proxy(py::detail::array_proxy(e)->descr);
+    return d->type_num == NPY_FLOAT_ ? DT_F32 : dt;
+}
+
 void set_torch(const py::object& tensor, const py::object& f32, const py::object& f16, const py::object& bf16,
                const py::object& from_numpy, const py::object& numpy_bf16, const py::object& parameter,
                const py::object& is_grad_enabled) {
@@ -199,6 +206,13 @@ PyObject* torch_fast(FastEntry f, PyObject* self, PyObject* const* a, Py_ssize_t
     PyObject* views[8];
     if (na > 8) return declined();
     int dt = -1, grad = -1;
+    for (Py_ssize_t i = 0; i < na; ++i) {  // a call autograd must record declines before any view is made
+        bool rg = false;
+        if (is_tensor(a[i]) && (!attr_is_true(a[i], s_requires_grad, rg) || (rg && !grad_off(grad)))) {
+            PyErr_Clear();
+            return declined();
+        }
+    }
     Py_ssize_t made = 0;
     bool ok = true;
     for (; ok && made < na; ++made) {
@@ -228,12 +242,12 @@ PyObject* torch_fast(FastEntry f, PyObject* self, PyObject* const* a, Py_ssize_t
     }
     if (!r || r == Py_None) return r;
     if (!PyTuple_CheckExact(r)) return as_tensor(r, dt);
-    const Py_ssize_t k = PyTuple_GET_SIZE(r);  // the fused add + norm's (normed, sum)
+    const Py_ssize_t k = PyTuple_GET_SIZE(r);  // the fused add + norm's (normed, sum), the norms' stats
     PyObject* t = PyTuple_New(k);
     for (Py_ssize_t i = 0; t && i < k; ++i) {
         PyObject* e = PyTuple_GET_ITEM(r, i);
         Py_INCREF(e);
-        PyObject* te = as_tensor(e, dt);
+        PyObject* te = as_tensor(e, result_dt(e, dt));
         if (!te) Py_CLEAR(t);
         else PyTuple_SET_ITEM(t, i, te);
     }

@@ -116,6 +116,7 @@ def _build() -> OpManager:
     m = OpManager(registry, settings)
     m.fast_fns = _state.fast_fns  # the facade's native fast path reads these dicts
     m.fast_out_fns = _state.fast_out_fns
+    m.fast_stats_fns = _state.fast_stats_fns
     _manager = m
     return _manager
 

@@ -58,6 +58,7 @@ class OpManager:
         # global manager shares _state.fast_fns with the facade. Cleared in place, never rebound.
         self.fast_fns: dict = {}
         self.fast_out_fns: dict = {}         # the entries of fast_fns that also take out= (_state's too)
+        self.fast_stats_fns: dict = {}       # op -> its PlainEntry.stats, beside fast_fns (_state's too)
         self._retired: dict = {}             # (op, api) -> [calls by impl, fallbacks] of dropped caches
         self._seq = 0
         self._override_tokens: dict = {}
@@ -88,6 +89,7 @@ class OpManager:
         """Drop every native entry (plain and out=); in place: the facade reads these dicts."""
         self.fast_fns.clear()
         self.fast_out_fns.clear()
+        self.fast_stats_fns.clear()
 
     # -- availability -------------------------------------------------------------------
     def availability(self, impl: OpImpl) -> tuple[bool, str]:
@@ -189,6 +191,8 @@ class OpManager:
             self.fast_fns[op] = fp.entry
             if getattr(fp, "takes_out", False):
                 self.fast_out_fns[op] = fp.entry
+            if getattr(fp, "stats", None) is not None:
+                self.fast_stats_fns[op] = fp.stats
 
     def _resolve(self, op, api, override, dtype_name, nbytes, kind: str = "numpy") -> Resolution:
         s = self.settings

@@ -18,3 +18,5 @@ global_backend: Optional[str] = None
 fast_fns: dict = {}
 # the same for out= calls: the entries whose PlainEntry.takes_out (a subset of fast_fns)
 fast_out_fns: dict = {}
+# the same for an autograd forward that needs the norms' statistics too (PlainEntry.stats)
+fast_stats_fns: dict = {}

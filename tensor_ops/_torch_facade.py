@@ -162,14 +162,15 @@ def route(spec, args: tuple, out, backend, general_device, grad: bool = True):
                              f"out= with autograd too); call without out=, or under torch.no_grad()")
         if not x.is_cpu:
             _check_places(spec, args, None, x, x.device.type)
-        validate(spec, args)                # CPU: host_views checks the places
         f = _AUTOGRAD[0]
         if f is None:
+            validate(spec, args)            # before registering: a bad call gets the facade's error
             from . import torch as tot
             tot.require()                   # registered, or a RuntimeError saying why not
             from .torch import _eager
             f = _AUTOGRAD[0] = _eager.facade_call
-        return f(spec.name, args, backend)
+        # validated there (CPU: host_views checks the places), or by the op's own body
+        return f(spec.name, args, backend, lambda: validate(spec, args))
     if x.is_cpu:
         return host(spec, args, out, backend)
     dev = x.device.type

@@ -251,9 +251,24 @@ def test_out_with_autograd_is_refused_like_torch():
 
 def test_autograd_errors_keep_the_facade_wording():
     x = torch.randn(2, 4, requires_grad=True)
+    to.silu(x)           # registered: later calls may leave validation to the op's own body
     with pytest.raises(ValueError, match=r"weight must have shape \(4,\) to match x.shape\[-1\] = 4, got \(3,\)"):
         to.rms_norm(x, torch.ones(3))
     with pytest.raises(TypeError, match="weight is a numpy array but x is a torch array"):
         to.rms_norm(x, torch.ones(4).numpy())
     with pytest.raises(TypeError, match="x must have dtype float16, bfloat16, float32 or float64, got int64"):
         to.silu(torch.ones(2, 4, dtype=torch.int64))
+    # scalars the schema would convert (float(True), int(1.5), bool(1)) are refused as without grad
+    w = torch.ones(4)
+    with pytest.raises(TypeError, match="eps must be a real number, got True"):
+        to.rms_norm(x, w, True)
+    with pytest.raises(TypeError, match="eps must be a real number, got '1e-6'"):
+        to.layer_norm(x, w, None, "1e-6")
+    with pytest.raises(TypeError, match="axis must be an int, got 1.5"):
+        to.softmax(x, 1.5)
+    with pytest.raises(TypeError, match="interleaved must be a bool, got 1"):
+        to.rope(x.view(1, 2, 4), torch.ones(2, 4), torch.ones(2, 4), 1)
+    with pytest.raises(ValueError, match="approximate must be 'none'"):
+        to.gelu(x, 5)
+    with pytest.raises(ValueError, match=r"weight must have shape \(4,\)"):
+        to.rms_norm(x, torch.nn.Parameter(torch.ones(3)))     # the op's own body validates this one

@@ -9,6 +9,9 @@
 - CPU tensors reach the NumPy path as views made by the cpp module (``_cpp._torch_views``):
   strides, dtypes, Parameters and lifetimes as ``t.numpy()`` gives them, and a decline (the
   Python conversion) for anything it cannot view;
+- the norms' autograd forward and backward take native entries (``_fast_*_stats``,
+  ``_fast_*_bwd``) for the plain case: bit for bit the Python path's results, declines for the
+  rest, never in place of an override (2026-11-29);
 - tensors whose negative bit is set (``z.conj().imag``) are computed on their values, not on
   their memory (they raised a RuntimeError from ``t.numpy()`` before).
 """
@@ -172,12 +175,108 @@ def test_parameters_take_the_native_entry_when_autograd_does_not_record():
         m(x)
         assert _entry_calls("rms_norm") == n + 1      # tensor_ops.nn in inference: the entry too
     n = _entry_calls("rms_norm")
-    y = to.rms_norm(x, p)                         # grad on, p requires grad: autograd records it
-    assert _entry_calls("rms_norm") == n and y.grad_fn is not None
+    y = to.rms_norm(x, p)                         # grad on, p requires grad: autograd records it,
+    assert _entry_calls("rms_norm") == n + 1 and y.grad_fn is not None   # its forward by the stats entry
     torch.testing.assert_close(y.detach(), want)
     p.requires_grad_(False)
     y = to.rms_norm(x, p)                         # grad on, nothing requires grad: plain
-    assert _entry_calls("rms_norm") == n + 1 and y.grad_fn is None
+    assert _entry_calls("rms_norm") == n + 2 and y.grad_fn is None
+
+
+# ----------------------------------------------------------------- the norms' autograd entries
+
+def _norm_inputs(dtype, shape, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    n = shape[-1]
+    x, dy = (torch.randn(*shape, generator=g).to(dtype) for _ in "ab")
+    w, b = (torch.randn(n, generator=g).to(dtype) for _ in "ab")
+    return x, dy, w, b
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("shape", [(3, 40), (2, 3, 64), (5, 4097)], ids=str)
+def test_norm_autograd_entries_equal_the_python_path(dtype, shape, monkeypatch):
+    """The forward with statistics (``_fast_*_stats``) and the backward from them
+    (``_fast_*_bwd``) give bit for bit what the Python path gives: the resolver's cpp kernel
+    with ``rsigma=``/``mu=`` (taken when ``backend=`` is given) and the tex backward bindings
+    with their outputs (taken when the entry is missing)."""
+    from tensor_ops.torch import _kernels as K
+    C = cpp_native()
+    to.rms_norm(torch.ones(1, 4), torch.ones(4))       # hands the module torch's objects
+    x, dy, w, b = _norm_inputs(dtype, shape)
+    n = _entry_calls("rms_norm")
+    got = K.rms_norm_fwd(x, w, 1e-5, None)
+    assert _entry_calls("rms_norm") == n + 1           # the entry served it (and it is counted)
+    want = K.rms_norm_fwd(x, w, 1e-5, "cpp")
+    assert _entry_calls("rms_norm") == n + 1           # backend= given: never the entry
+    got_ln, want_ln = K.layer_norm_fwd(x, w, b, 1e-5, None), K.layer_norm_fwd(x, w, b, 1e-5, "cpp")
+    for g, r in zip(got + got_ln, want + want_ln):
+        assert g.dtype == r.dtype and g.shape == r.shape
+        assert torch.equal(g, r)
+    rs, (mu_ln, rs_ln) = got[1], got_ln[1:]
+    assert rs.dtype == torch.float32 and rs.shape == x.shape[:-1]
+    bwd = K.rms_norm_bwd(dy, x, rs, w), K.layer_norm_bwd(dy, x, mu_ln, rs_ln, w)
+    assert C._fast_rms_norm_bwd(dy, x, rs, w) is not None
+    monkeypatch.setattr(K, "_ENTRIES", {"_fast_rms_norm_bwd": lambda *a: None, "_fast_layer_norm_bwd": lambda *a: None})
+    ref = K.rms_norm_bwd(dy, x, rs, w), K.layer_norm_bwd(dy, x, mu_ln, rs_ln, w)
+    for g, r in zip(bwd[0] + bwd[1], ref[0] + ref[1]):
+        assert g.dtype == r.dtype == dtype and torch.equal(g, r)
+
+
+def test_norm_autograd_entries_decline_what_is_not_plain():
+    """None (and nothing computed) for everything the Python path must handle: the caller
+    then takes it, with the facade's checks and messages."""
+    C = cpp_native()
+    to.rms_norm(torch.ones(1, 4), torch.ones(4))
+    x, dy, w, b = _norm_inputs(torch.float32, (4, 16))
+    rs = torch.ones(4)
+    assert C._fast_rms_norm_stats(x, w, 1e-5) is not None and C._fast_rms_norm_bwd(dy, x, rs, w) is not None
+    declined = [
+        C._fast_rms_norm_stats(x.t().contiguous().t(), w, 1e-5),         # not C-contiguous
+        C._fast_rms_norm_stats(x, w.half(), 1e-5),                        # weight of another dtype
+        C._fast_rms_norm_stats(x, w, 1),                                  # eps not a float
+        C._fast_rms_norm_stats(x, w, 1e-5, None),                         # no out= here
+        C._fast_rms_norm_stats(x.requires_grad_(), w, 1e-5),              # grad on: autograd records it
+        C._fast_layer_norm_stats(x.detach(), w, b[:8], 1e-5),             # bias of another length
+        C._fast_rms_norm_stats(x.double(), w.double(), 1e-5),             # float64
+        C._fast_rms_norm_bwd(dy, x.detach(), torch.ones(3), w),           # statistics for 3 rows of 4
+        C._fast_rms_norm_bwd(dy, x.detach(), rs.double(), w),             # statistics not float32
+        C._fast_rms_norm_bwd(dy[:2], x.detach(), rs, w),                  # dy of another shape
+        C._fast_rms_norm_bwd(dy[0], x.detach()[0], torch.ones(()), w),    # 1-D x: 0-d statistics
+        C._fast_layer_norm_bwd(dy, x.detach(), rs, w),                    # mu missing
+    ]
+    assert all(r is None for r in declined)
+
+
+@pytest.mark.parametrize("op", ["rms_norm", "silu", "add_rms_norm"])
+def test_autograd_forward_never_bypasses_an_override(op):
+    """An autograd forward takes the op's native entry (the norms' with statistics, the
+    others' plain one, inside the Function where grad mode is off) only as a plain call would:
+    ``backend=`` and ``use_backend()`` reach the named backend (the NumPy reference here), and
+    gradients agree with the entry's."""
+    x, dy, w, _ = _norm_inputs(torch.float32, (3, 32))
+    p = torch.nn.Parameter(w.clone())
+    fn = {"rms_norm": lambda **k: to.rms_norm(x, p, **k), "silu": lambda **k: to.silu(p.view(1, 32), **k),
+          "add_rms_norm": lambda **k: sum(to.add_rms_norm(x, x, p, **k))}[op]
+    to.rms_norm(x, w), to.silu(x), to.add_rms_norm(x, x, w)
+    grads = []
+    for how in ("entry", "backend", "context"):
+        p.grad = None
+        n = _entry_calls(op)
+        if how == "entry":
+            y = fn()
+        elif how == "backend":
+            y = fn(backend="numpy")
+        else:
+            with to.use_backend("numpy"):
+                y = fn()
+        assert _entry_calls(op) == n + (how == "entry"), how
+        assert y.grad_fn is not None
+        y.backward(torch.ones_like(y))
+        grads.append((y.detach(), p.grad.clone()))
+    for y, g in grads[1:]:
+        torch.testing.assert_close(y, grads[0][0], rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(g, grads[0][1], rtol=1e-5, atol=1e-5)
 
 
 # ----------------------------------------------------------------- _torch_views
@@ -246,3 +345,39 @@ def test_negative_bit_out_is_refused():
     x = torch.randn(4, 16)
     with pytest.raises(ValueError, match="out is a tensor with its negative bit set"):
         to.silu(x, out=torch._neg_view(torch.empty(4, 16)))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16], ids=str)
+def test_backward_entries_equal_the_python_path(dtype, monkeypatch):
+    """``_fast_act_bwd``, ``_fast_glu_bwd`` and ``_fast_softmax_bwd`` give bit for bit what
+    the Python path gives (the native bindings on views, tex's adapters for silu, tanh-GELU,
+    relu and softmax), and decline what is not plain."""
+    from tensor_ops.torch import _kernels as K
+    C = cpp_native()
+    to.rms_norm(torch.ones(1, 4), torch.ones(4))       # hands the module torch's objects
+    g = torch.Generator().manual_seed(1)
+    x, dy = (torch.randn(3, 5, 66, generator=g).to(dtype) for _ in "ab")
+    dyh = torch.randn(3, 5, 33, generator=g).to(dtype)
+    y = torch.softmax(x.float(), -1).to(dtype)
+    calls = [(K.act_bwd, (a, dy, x)) for a in ("silu", "gelu", "gelu_tanh", "relu")]
+    calls += [(K.glu_bwd, (a, dyh, x)) for a in ("silu", "gelu", "gelu_tanh")]
+    calls += [(K.softmax_bwd, (dy, y, -1, s)) for s in (1.0, 0.125)] + [(K.softmax_bwd, (dy, y, 2))]
+    got = [f(*a) for f, a in calls]
+    monkeypatch.setattr(K, "_ENTRIES", {k: (lambda *a: None) for k in
+                                        ("_fast_act_bwd", "_fast_glu_bwd", "_fast_softmax_bwd")})
+    for (f, a), r in zip(calls, got):
+        want = f(*a)
+        assert r.dtype == want.dtype == dtype and torch.equal(r, want), (f.__name__, a[0], a[3:])
+    assert C._fast_act_bwd(dy, x, "silu") is not None and C._fast_glu_bwd(dyh, x, "silu") is not None
+    declined = [
+        C._fast_act_bwd(dy, x, "tanh"),                    # not an activation of these ops
+        C._fast_act_bwd(dy[:2], x, "silu"),                # dy of another shape
+        C._fast_act_bwd(dy.float() if dtype != torch.float32 else dy.half(), x, "silu"),  # another dtype
+        C._fast_act_bwd(dy, x.transpose(0, 1), "silu"),    # not C-contiguous
+        C._fast_glu_bwd(dyh, x, "relu"),                   # no gated relu
+        C._fast_glu_bwd(dy, x, "silu"),                    # dy not halved
+        C._fast_glu_bwd(dyh[..., :32], x[..., :65].contiguous(), "silu"),   # odd last axis
+        C._fast_softmax_bwd(dy, y, 1),                     # scale not a float
+        C._fast_softmax_bwd(dy, y.double(), 1.0),          # float64
+    ]
+    assert all(r is None for r in declined)

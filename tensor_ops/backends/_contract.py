@@ -55,6 +55,11 @@ class PlainEntry(NamedTuple):
     #: whether ``entry`` also takes ``out=`` as one more positional argument (writes it and
     #: returns it, or None to decline); the facade then calls it for out= calls as well
     takes_out: bool = False
+    #: the same plain call returning ``(y, *statistics)`` (the norms: rsigma, mu and rsigma,
+    #: float32 of shape x.shape[:-1]) or None; an autograd forward calls it instead of the
+    #: resolver and the kernel's ``rsigma=`` (tensor_ops/torch/_kernels.py), its backward
+    #: reuses them
+    stats: Optional[Callable[..., Any]] = None
 
 
 class Availability:

@@ -88,7 +88,8 @@ def _bind_native() -> None:
         impl.fn = getattr(_MOD, op)
         entry = getattr(_MOD, "_fast_" + op, None)   # fast_entry.cpp's plain-call entry
         if entry is not None:
-            impl.plain_entry = PlainEntry(impl.fn, entry, _served_counter(op), takes_out=True)
+            impl.plain_entry = PlainEntry(impl.fn, entry, _served_counter(op), takes_out=True,
+                                          stats=getattr(_MOD, f"_fast_{op}_stats", None))
 
 
 def _served_counter(op: str):

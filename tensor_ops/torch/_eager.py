@@ -89,10 +89,11 @@ def _apply(name: str):
     return function(name).apply
 
 
-def call(name: str, args: tuple, backend=None):
+def call(name: str, args: tuple, backend=None, plain=None):
     """``torch.ops.tensor_ops.<name>(*args, backend=backend)`` for eager autograd; ``args`` are
-    every positional argument of the op's schema but ``backend``."""
-    if not usable(args):
+    every positional argument of the op's schema but ``backend`` (``plain``: ``usable(args)``
+    when the caller knows it)."""
+    if not (usable(args) if plain is None else plain):
         return getattr(torch.ops.tensor_ops, name)(*args, backend=backend)
     comp = _COMPOSITE.get(name)
     if comp is not None:
@@ -100,7 +101,37 @@ def call(name: str, args: tuple, backend=None):
     return function(name).apply(*args, backend)
 
 
-def facade_call(op: str, args: tuple, backend=None):
-    """A facade call that autograd records (validated by the facade already): ``args`` are
-    the facade function's, its scalars converted as the op's schema types them."""
-    return call(op, L.schema_args(op, args), backend)
+def facade_call(op: str, args: tuple, backend=None, check=None):
+    """A facade call that autograd records: ``args`` are the facade function's, its scalars
+    converted as the op's schema types them. ``check()`` validates them as the facade does.
+
+    It runs unless the call takes the Function with the arguments as given: every scalar
+    already of its schema type (``float(eps)`` would accept a bool or a str of digits,
+    ``int(axis)`` a 1.5) and every tensor of x's dtype (the composite norms cast the weight
+    to it). Then the Function's body validates the very same arguments before it computes
+    (the stats entry declines anything but the plain case, and the facade's ``prepare``
+    explains the rest, as every body reaches it), and a (1, 4096) rms_norm forward spares
+    ~12 µs of a second validation."""
+    conv = L.schema_args(op, args)
+    plain = usable(args)
+    if check is not None and not (plain and _as_given(args, conv)):
+        check()
+    return call(op, conv, backend, plain)
+
+
+def _as_given(args: tuple, conv: tuple) -> bool:
+    """Tensors (exactly Tensor or Parameter) of x's dtype, scalars of their schema types, None."""
+    dt = args[0].dtype
+    for a, c in zip(args, conv):
+        t = type(a)
+        if t is not type(c):
+            return False
+        if t in _PLAIN:
+            if a.dtype is not dt:
+                return False
+        elif a is not None and t not in _SCALARS:
+            return False        # e.g. a NumPy array: the facade names it
+    return True
+
+
+_SCALARS = (float, int, bool, str)

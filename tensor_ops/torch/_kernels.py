@@ -5,11 +5,18 @@ Who computes what:
 
 - **forward** of every op: the facade (the resolver picks the backend, as for any call). The
   norms need their per-row statistics too (rsigma, and mu for layer_norm): when the resolver
-  picks the cpp backend, its native kernel writes them in the same pass (``rsigma=``/``mu=``,
-  as tex's norms do); any other backend computes y and the statistics come from a torch
-  formula.
+  always picks the cpp kernel and no override is in force, its entry computes y and them in
+  one native call (``PlainEntry.stats``: ``_cpp._fast_rms_norm_stats`` & co., the plain case
+  only); else, when the resolver picks cpp for this call, its kernel writes them in the same
+  pass (``rsigma=``/``mu=``, as tex's norms do); any other backend computes y and the
+  statistics come from a torch formula.
 - **backward** on CPU tensors of float32/float16/bfloat16 with the cpp backend available:
-  native kernels. Norms: ``_cpp.rms_norm_bwd``/``layer_norm_bwd`` (norm.cpp, the tex kernels).
+  native kernels. The plain case (C-contiguous tensors of one dtype, the statistics float32,
+  grad mode off as in a backward) in one call each: ``_cpp._fast_rms_norm_bwd``,
+  ``_fast_layer_norm_bwd``, ``_fast_act_bwd``, ``_fast_glu_bwd``, ``_fast_softmax_bwd``
+  (fast_entry.cpp: checks, fresh outputs and torch views in C; a (1, 4096) backward through
+  the Python below cost 40-100 µs). They return None for anything else, which takes:
+  norms: ``_cpp.rms_norm_bwd``/``layer_norm_bwd`` (norm.cpp, the tex kernels).
   Gated ops (both layouts) and the exact-GELU derivative: this package's ``_cpp.glu_bwd``,
   ``glu2_bwd``, ``gelu_erf_bwd`` (cpp_ext/backward.cpp). silu, tanh-GELU, relu and softmax:
   the tex ops ``tex.dsilu``/``dgelu``/``drelu``/``scaled_softmax_backward`` (native where
@@ -86,7 +93,16 @@ def _stat_dtype(x):
 # ----------------------------------------------------------------- forward
 
 def forward(op: str, args: tuple, backend):
-    """The facade's forward for torch tensors, never through autograd (the custom ops' body)."""
+    """The facade's forward for torch tensors, never through autograd (the custom ops' body).
+
+    Its native plain-call entry first, as the facade function does (``args`` are the facade's
+    positional arguments): in an ``autograd.Function``'s forward grad mode is off, so tensors
+    that require grad are plain to it; anything it declines takes the torch facade's route."""
+    if backend is None and _state.global_backend is None and _state.context_backend.get() is None:
+        f = _state.fast_fns.get(op)
+        r = f(*args) if f is not None else None
+        if r is not None:
+            return r
     return route(SPECS[op], args, None, backend, _facade._general_arrays, grad=False)
 
 
@@ -121,8 +137,23 @@ def _native_stats(op, x, args, backend):
     return mod, p
 
 
+def _stats_entry(op: str, backend):
+    """The native entry computing ``op`` with its statistics (``PlainEntry.stats``) when the
+    resolver always picks its impl and no override is in force, else None. It takes the plain
+    case (contiguous tensors of one dtype, weights of x's; requires_grad is fine: a
+    Function's forward runs with grad mode off) and declines the rest with None."""
+    if backend is None and _state.global_backend is None and _state.context_backend.get() is None:
+        return _state.fast_stats_fns.get(op)
+    return None
+
+
 def rms_norm_fwd(x, w, eps: float, backend):
     """(y, rsigma): rsigma = 1/sqrt(mean(x^2) + eps) per row, shape x.shape[:-1]."""
+    f = _stats_entry("rms_norm", backend)
+    if f is not None:
+        r = f(x, w, eps)
+        if r is not None:
+            return r
     got = _native_stats("rms_norm", x, (x, w, eps), backend) if x.numel() else None
     if got is not None:
         mod, p = got
@@ -138,6 +169,11 @@ def rms_norm_fwd(x, w, eps: float, backend):
 
 def layer_norm_fwd(x, w, b, eps: float, backend):
     """(y, mu, rsigma): per-row mean and 1/sqrt(var + eps), shape x.shape[:-1]."""
+    f = _stats_entry("layer_norm", backend)
+    if f is not None:
+        r = f(x, w, b, eps)
+        if r is not None:
+            return r
     got = _native_stats("layer_norm", x, (x, w, b, eps), backend) if x.numel() else None
     if got is not None:
         mod, p = got
@@ -211,8 +247,28 @@ def _empty(shape, dtype):
 
 # ----------------------------------------------------------------- backward
 
+def _entry(name: str):
+    """``tensor_ops._cpp.<name>`` once the cpp backend is available (looked up once), else None."""
+    f = _ENTRIES.get(name)
+    if f is None:
+        mod = cpp()
+        if not _tf._NATIVE[0]:
+            _tf._native_entries()       # the entries take torch tensors once the module knows torch
+        f = getattr(mod, name, None) if mod is not None else None
+        if f is not None:
+            _ENTRIES[name] = f
+    return f
+
+
+_ENTRIES: dict = {}
+
+
 def rms_norm_bwd(dy, x, rs, w):
     dy = dy.contiguous()
+    f = _entry("_fast_rms_norm_bwd")    # the plain case in one native call (fast_entry.cpp)
+    r = f(dy, x, rs, w) if f is not None else None
+    if r is not None:
+        return r
     if native_ok(dy, x, w, binding="rms_norm_bwd") and x.numel():
         dx, dw = _empty(x.shape, x.dtype), torch.empty(w.shape, dtype=w.dtype)
         cpp().rms_norm_bwd(*_nps(dy, x.contiguous(), rs.float().contiguous(), w.contiguous(), dx, dw), False,
@@ -229,6 +285,10 @@ def rms_norm_bwd(dy, x, rs, w):
 
 def layer_norm_bwd(dy, x, mu, rs, w):
     dy = dy.contiguous()
+    f = _entry("_fast_layer_norm_bwd")
+    r = f(dy, x, mu, rs, w) if f is not None else None
+    if r is not None:
+        return r
     if native_ok(dy, x, w, binding="layer_norm_bwd") and x.numel():
         dx, dw, db = _empty(x.shape, x.dtype), torch.empty(w.shape, dtype=w.dtype), torch.empty(w.shape, dtype=w.dtype)
         cpp().layer_norm_bwd(*_nps(dy, x.contiguous(), mu.float().contiguous(), rs.float().contiguous(), w.contiguous(),
@@ -245,6 +305,10 @@ def layer_norm_bwd(dy, x, mu, rs, w):
 def softmax_bwd(dy, y, axis: int, scale: float = 1.0):
     """dx of ``y = softmax(scale * x)``: ``scale * y * (dy - sum(dy * y))`` along ``axis``."""
     dy = (dy if dy.dtype == y.dtype else dy.to(y.dtype)).contiguous()
+    f = _entry("_fast_softmax_bwd") if axis in (-1, y.dim() - 1) else None
+    r = f(dy, y, float(scale)) if f is not None else None
+    if r is not None:
+        return r
     if y.dtype is not torch.float64 and y.dim() and axis % y.dim() == y.dim() - 1 and y.numel():
         from .. import tex
         return tex.scaled_softmax_backward(dy, y.contiguous(), float(scale))
@@ -286,6 +350,10 @@ _TEX_DACT = {"silu": "dsilu", "gelu_tanh": "dgelu", "relu": "drelu"}
 def act_bwd(act: str, dy, x):
     """dy * act'(x) for act in silu, gelu (erf), gelu_tanh, relu."""
     dy = dy.contiguous()
+    f = _entry("_fast_act_bwd")
+    r = f(dy, x, act) if f is not None else None
+    if r is not None:
+        return r
     if x.numel() and x.dtype is not torch.float64 and x.device.type == "cpu":
         if act == "gelu" and native_ok(dy, x, binding="gelu_erf_bwd"):
             out = _empty(x.shape, x.dtype)
@@ -300,6 +368,10 @@ def act_bwd(act: str, dy, x):
 def glu_bwd(act: str, dy, x):
     """dx of act(a) * b with x = [a | b] (the facade's swiglu/geglu)."""
     dy = dy.contiguous()
+    f = _entry("_fast_glu_bwd")
+    r = f(dy, x, act) if f is not None else None
+    if r is not None:
+        return r
     if x.numel() and native_ok(dy, x, binding="glu_bwd"):
         dx = _empty(x.shape, x.dtype)
         cpp().glu_bwd(*_nps(dy, x.contiguous(), dx), act=act, dtype=_kw(x))
