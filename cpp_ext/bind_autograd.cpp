@@ -76,7 +76,6 @@ py::tuple glu2_bwd(const py::object& dy_, const py::object& a_, const py::object
     return py::make_tuple(rda, rdb);
 }
 
-
 }  // namespace
 
 // Also called by the autograd entries (fast_entry.cpp).
@@ -125,7 +124,6 @@ py::object gelu_erf_bwd(const py::object& dy_, const py::object& x_, const py::o
     });
     return res;
 }
-
 
 void register_autograd(py::module_& m) {
     using namespace pybind11::literals;

@@ -31,6 +31,7 @@ py::dict build_info() {
     cpu["avx2_fma_f16c"] = cpu_avx2();
     cpu["avx512_f_bw_dq_vl"] = cpu_avx512();
     cpu["avx512_bf16"] = cpu_avx512bf16();
+    cpu["splits_512"] = cpu_splits_512();
     d["cpu_supports"] = cpu;
     d["isa_note"] = g_isa_note;
 #if defined(_OPENMP)
@@ -48,6 +49,7 @@ py::dict build_info() {
                                            : "";
     d["parallel_threshold_bytes"] = g_par_bytes;
     d["nontemporal_threshold_bytes"] = g_nt_bytes;
+    d["softmax_exp_twice"] = g_softmax_exp_twice;
     d["output_cache"] = cache_info();
 #if defined(__clang__)
     d["compiler"] = std::string("clang ") + __clang_version__;
@@ -128,11 +130,12 @@ void register_runtime(py::module_& m) {
     m.def("build_info", &build_info);
     m.def(
         "_set_tuning",
-        [](int64_t par_bytes, int64_t nt_bytes) {
+        [](int64_t par_bytes, int64_t nt_bytes, int softmax_exp_twice) {
             if (par_bytes >= 0) g_par_bytes = par_bytes;
             if (nt_bytes >= 0) g_nt_bytes = nt_bytes;
+            if (softmax_exp_twice >= 0) g_softmax_exp_twice = softmax_exp_twice != 0;
         },
-        "parallel_threshold_bytes"_a = -1, "nontemporal_threshold_bytes"_a = -1);
+        "parallel_threshold_bytes"_a = -1, "nontemporal_threshold_bytes"_a = -1, "softmax_exp_twice"_a = -1);
     m.def("empty_cache", &empty_cache, "Free every cached output block; returns the bytes freed.");
     m.def("empty", &empty, "shape"_a, "dtype"_a);
     m.def("cache_info", &cache_info);

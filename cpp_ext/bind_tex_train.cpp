@@ -39,7 +39,6 @@ const I* get_int(const py::handle& h, const char* name, char kind, int64_t& size
     return (const I*)a.data();
 }
 
-
 void dglu(const py::object& g_, const py::object& x_, const py::object& out_, int kind, const py::object& dtype) {
     const bool bf = parse_bf16(dtype);
     Arr x = get(x_, "x", bf), g = get(g_, "grad", bf, x.dt), o = get(out_, "out", bf, x.dt, true);
@@ -89,7 +88,6 @@ void tex_softmax(const py::object& x_, const py::object& out_, float scale, int 
           scratch.get() + (size_t)t * (n + 64), nt);
     });
 }
-
 
 void tex_rope(const py::object& x_, const py::object& cos_, const py::object& sin_, const py::object& pos_,
               const py::object& out_, int64_t heads, bool interleaved, bool transpose, const py::object& dtype) {
@@ -225,7 +223,6 @@ void tex_softmax_bwd(const py::object& dy_, const py::object& y_, const py::obje
         k(dy.data + b * n * es, y.data + b * n * es, o.data + b * n * es, e - b, n, scale, nt);
     });
 }
-
 
 void register_tex_train(py::module_& m) {
     using namespace pybind11::literals;

@@ -66,6 +66,8 @@ int64_t g_par_bytes = 128 * 1024;
 // the output would not have stayed in the last-level cache anyway. 8 MiB: a quarter of the
 // dev box's 32 MiB L3 (sysconf's L3 size is unreliable in VMs: it reports 320 MiB there).
 int64_t g_nt_bytes = 8 << 20;
+// kernels.h; set by init_runtime from cpu_splits_512().
+bool g_softmax_exp_twice = false;
 // Default cap: 1 GiB or 1/16 of physical memory, whichever is less (init_runtime).
 int64_t g_cache_min = 1 << 20;
 int64_t g_cache_cap = int64_t(1) << 30;
@@ -98,6 +100,23 @@ bool cpu_avx512bf16() {
 #ifdef TO_X86
     unsigned a = 0, b = 0, c = 0, d = 0;
     return cpu_avx512() && __get_cpuid_count(7, 1, &a, &b, &c, &d) && (a & (1u << 5));
+#else
+    return false;
+#endif
+}
+
+// Whether the core executes a 512-bit instruction as two 256-bit halves: AMD's Zen 4 (family
+// 0x19, the first AMD with AVX-512) does, so a zmm FMA costs it two of its 256-bit pipe
+// slots; Intel's AVX-512 cores and Zen 5 (family 0x1a) execute it whole. Kernels whose
+// best form trades arithmetic for memory traffic choose by it (kernels.h g_softmax_exp_twice).
+bool cpu_splits_512() {
+#ifdef TO_X86
+    unsigned a = 0, b = 0, c = 0, d = 0;
+    if (!cpu_avx512() || !__get_cpuid(0, &a, &b, &c, &d)) return false;
+    const bool amd = b == 0x68747541u && d == 0x69746e65u && c == 0x444d4163u;  // "AuthenticAMD"
+    if (!amd || !__get_cpuid(1, &a, &b, &c, &d)) return false;
+    const unsigned family = ((a >> 8) & 0xfu) + (((a >> 8) & 0xfu) == 0xfu ? ((a >> 20) & 0xffu) : 0u);
+    return family == 0x19;
 #else
     return false;
 #endif
@@ -303,6 +322,8 @@ int set_threads(int n) {
 
 void init_runtime() {
     select_isa();
+    // The second exp costs a split core more than the stored row's reload (softmax.cpp).
+    g_softmax_exp_twice = !cpu_splits_512();
 #ifdef TO_HAVE_ATFORK
     pthread_atfork(nullptr, nullptr, at_fork_child);
 #endif

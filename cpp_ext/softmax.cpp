@@ -62,14 +62,17 @@ inline void softmax_row(T* yr, int64_t n, int64_t len, float* e, bool nt, Prefet
     const auto z2 = [&](int64_t i) { return KEEP ? vload(e + i) : z_(i); };
     const auto zp2 = [&](int64_t i, int64_t k) { return KEEP ? vload_part(e + i, k, 0.f) : zp_(i, k); };
     constexpr bool LP = sizeof(T) == 2;  // a 16-bit output: vexp_shift's cheaper form
-    // AVX-512 fp16 rows without a causal tail: exp computed again in the write pass instead of
+    // AVX-512 fp16 rows without a causal tail, on a core that executes 512-bit instructions
+    // whole (g_softmax_exp_twice, kernels.h): exp computed again in the write pass instead of
     // stored in e and read back (the same bits: the same lane-wise function of the same logits).
     // The write pass then spaces its streaming stores with the exp's arithmetic instead of
     // bursting them (perf annotate, one thread: 42 % of the kernel's samples on the write pass's
     // vcvtps2ph / vmovntdq). ab_builds.py --ops softmax --copies 3 --rounds 11, Intel Cascade
     // Lake: avx512 fp16 1.18x in three runs (tex_softmax 1.13x), bf16 0.88x (its widen and pack
-    // make the second exp too dear), the AVX2 variant's fp16 0.92x.
-    const bool rc = !KEEP && TO_ISA == 2 && std::is_same_v<T, f16> && len == n;
+    // make the second exp too dear), the AVX2 variant's fp16 0.92x. On Zen 4, which splits
+    // each 512-bit instruction in two, the second exp is the loss: the stored form is 1.36x
+    // (softmax) and 1.47x (tex_softmax) faster there (ab_builds.py --copies 3 --rounds 9).
+    const bool rc = !KEEP && TO_ISA == 2 && std::is_same_v<T, f16> && len == n && g_softmax_exp_twice;
     const float ninf = -__builtin_inff();
     alignas(64) float t[W];
     V m0 = vset(ninf), m1 = vset(ninf);

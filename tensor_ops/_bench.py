@@ -95,7 +95,7 @@ def row_ladder(dtype: str, llc: int, mode: str = "default", cols: int = COLS) ->
     the LLC, then doubling, up to the cap (x <= 256 MiB); :func:`converged` stops it earlier."""
     if mode == "quick":
         return [1, 32, 512]
-    row_bytes = cols * np.dtype(dtype).itemsize
+    row_bytes = cols * (2 if dtype == "bfloat16" else np.dtype(dtype).itemsize)
     rows, out = 1, []
     if mode == "full":
         target = 4 * llc

@@ -16,6 +16,7 @@ import numpy as np
 
 from . import _facade
 from ._ops import SPECS, tolerance
+from .testing import np_dtype
 
 COLS = 4096                       # feature width of the ladder: (rows, 4096)
 HEAD_DIM = 128                    # rope runs on (heads, T, 128): LLM shapes, same element count
@@ -88,7 +89,7 @@ def make_case(op: str, dtype: str, shape, variant: str = "", seed: int = 0) -> C
     them to the kernel as they are), matmul's b; the fused add + norm reads x and residual and
     writes normed and s (2 reads + 2 writes per element)."""
     rng = np.random.default_rng(seed)
-    dt = np.dtype(dtype)
+    dt = np_dtype(dtype) if isinstance(dtype, str) else np.dtype(dtype)  # 'bfloat16' needs ml_dtypes
     shape = tuple(shape)
     # float32 draws: half the memory and time of float64 ones at the ladder's 256 MiB sizes
     draw = np.asarray(rng.standard_normal(shape, dtype=np.float64 if dt == np.float64 else np.float32))

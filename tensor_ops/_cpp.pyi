@@ -236,6 +236,9 @@ def _exp(x: _Arr, out: Optional[_Arr] = None, *, dtype: _BF16 = None) -> _Arr:
     """Test hook: the vectorised exp the kernels use."""
 def _tanh(x: _Arr, out: Optional[_Arr] = None, *, dtype: _BF16 = None) -> _Arr:
     """Test hook: the vectorised tanh (sign(x)*(1 - 2/(e^(2|x|)+1)), odd series near 0)."""
-def _set_tuning(parallel_threshold_bytes: int = -1, nontemporal_threshold_bytes: int = -1) -> None:
+def _set_tuning(parallel_threshold_bytes: int = -1, nontemporal_threshold_bytes: int = -1,
+                softmax_exp_twice: int = -1) -> None:
     """Benchmark hook: bytes of traffic from which calls go multi-threaded / outputs from
-    which stores are non-temporal (-1 keeps the current value)."""
+    which stores are non-temporal; whether the AVX-512 fp16 softmax computes exp twice
+    instead of storing it (1 / 0; chosen at import from the CPU, build_info()
+    ["softmax_exp_twice"]); -1 keeps the current value."""

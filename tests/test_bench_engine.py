@@ -357,6 +357,22 @@ def test_bench_cpp_preset_rows_and_table(capsys):
         mod.main(["--sizes", "8192"])
 
 
+def test_bench_cpp_runs_bfloat16_in_a_fresh_interpreter():
+    """A preset names dtypes as strings; 'bfloat16' is ml_dtypes' and NumPy only knows the name
+    once ml_dtypes is imported. The suite's conftest imports it, a user's shell does not: the
+    preset once died with "data type 'bfloat16' not understood" (ml_dtypes 0.7)."""
+    if not to.get_backend_info()["backends"]["cpp"]["available"]:
+        pytest.skip(f"cpp unavailable: {to.get_backend_info()['backends']['cpp']['reason']}")
+    import subprocess
+    import sys
+    root = Path(__file__).resolve().parents[1]
+    r = subprocess.run([sys.executable, str(root / "benchmarks" / "bench_cpp.py"), "--sizes", "8x256", "--dtypes",
+                        "bfloat16", "--ops", "relu", "--reps", "1", "--no-torch"],
+                       capture_output=True, text=True, cwd=root, timeout=120)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert "relu  8x256  bfloat16" in r.stdout
+
+
 def test_ab_builds_compares_two_loaded_builds(capsys):
     """ab_builds loads a build beside tensor_ops._cpp (here the same file under another module
     object) and times both on every case, the two-output and bfloat16 ones included."""

@@ -509,6 +509,42 @@ def test_softmax_masked_entries_are_exact_zeros(C):
     np.testing.assert_array_equal(C.silu(big), np.array([[-0.0, 100.0, -0.0, 1e30]], np.float32))
 
 
+@pytest.mark.parametrize("n", [37, 4096], ids=lambda n: f"n{n}")
+def test_softmax_fp16_exp_twice_is_bitwise_the_stored_form(C, n):
+    """The AVX-512 fp16 softmax's two forms (exp computed again in the write pass, or stored in
+    the scratch row and read back; chosen at import by whether the core splits 512-bit
+    instructions, build_info()["softmax_exp_twice"]) give the same bits, for the facade and
+    for TE's scaled softmax, with cached and streaming stores. Elsewhere the flag changes no
+    kernel and the two runs are one form twice."""
+    info = C.build_info()
+    if not info["selected_isa"].startswith("avx512"):
+        pytest.skip(f"only the AVX-512 variants have the two forms; this one is {info['selected_isa']}")
+    assert info["softmax_exp_twice"] == (not info["cpu_supports"]["splits_512"])
+    rng = np.random.default_rng(n)
+    x = (rng.standard_normal((9, n)) * 4).astype(np.float16)
+    x[2, 3] = np.inf
+    x[4, :] = -np.inf
+    x[5, 1] = 60000
+    old = (info["parallel_threshold_bytes"], info["nontemporal_threshold_bytes"], int(info["softmax_exp_twice"]))
+    try:
+        got = {}
+        for nt in (-1, 0):
+            for twice in (0, 1):
+                C._set_tuning(-1, nt, twice)
+                assert C.build_info()["softmax_exp_twice"] == bool(twice)
+                tex = np.empty_like(x)
+                C.tex_softmax(x, tex, 0.5, 0)
+                got[nt, twice] = (C.softmax(x).view(np.uint16), tex.view(np.uint16))
+        base = got[-1, 0]
+        for k, (y, t) in got.items():
+            np.testing.assert_array_equal(y, base[0], err_msg=str(k))
+            np.testing.assert_array_equal(t, base[1], err_msg=str(k))
+        np.testing.assert_allclose(C.softmax(x)[[0, 1, 3]].astype(np.float64),
+                                   ref.softmax(x[[0, 1, 3]].astype(np.float64)), rtol=2e-3, atol=1e-4)
+    finally:
+        C._set_tuning(*old)
+
+
 def test_softmax_exp_across_the_exponent_range(C):
     """Each e^(x - max) relative to float64 across fp32's exponent range: the polynomial's
     error (<= 2.3e-7 on every ISA's route) plus the argument's rounding, |x - max| * 6e-8,

@@ -57,9 +57,20 @@ def normal_bf16(shape, seed: int) -> np.ndarray:
     return to_bf16(np.random.default_rng(seed).standard_normal(shape).astype(np.float32))
 
 
-def assert_bits(got: np.ndarray, want32: np.ndarray, what: str):
-    """got (bf16 bits) is want32 rounded to bf16; NaN where want32 is NaN (any payload)."""
+def rounded_bf16(C, want32: np.ndarray) -> np.ndarray:
+    """want32 as this build's bf16 stores round it: to nearest even, and on the avx512bf16
+    variant, whose vcvtneps2bf16 treats a subnormal fp32 input as zero (simd.h), those values
+    as a zero of their sign."""
     want = to_bf16(want32)
+    if C.ISA == "avx512bf16":
+        sub = (np.abs(want32) < np.float32(2.0 ** -126)) & (want32 != 0)
+        want[sub] = np.signbit(want32[sub]).astype(np.uint16) << 15
+    return want
+
+
+def assert_bits(C, got: np.ndarray, want32: np.ndarray, what: str):
+    """got (bf16 bits) is want32 rounded to bf16 (rounded_bf16); NaN where want32 is NaN (any payload)."""
+    want = rounded_bf16(C, want32)
     nan = np.isnan(want32)
     assert np.array_equal(np.isnan(widen(got)), nan), f"{what}: NaN positions differ"
     bad = np.flatnonzero((got != want) & ~nan)
@@ -79,7 +90,7 @@ def test_cpp_bf16_derivatives_every_code_match_fp32(C, shape):
         C.dact(g, x, out, kind, None, **BF)
         out32 = np.empty(shape, np.float32)
         C.dact(widen(g), widen(x), out32, kind, None)
-        assert_bits(out, out32, f"d{name}")
+        assert_bits(C, out, out32, f"d{name}")
         db = np.zeros(shape[1], np.float32)
         out2 = np.empty_like(x)
         C.dact(g, x, out2, kind, db, **BF)
@@ -98,13 +109,13 @@ def test_cpp_bf16_gated_derivatives_every_code_match_fp32(C, h):
         C.dglu(g, x, out, kind, **BF)
         out32 = np.empty(x.shape, np.float32)
         C.dglu(widen(g), widen(x), out32, kind)
-        assert_bits(out, out32, f"dglu {name}")
+        assert_bits(C, out, out32, f"dglu {name}")
     for act in ("silu", "gelu", "gelu_tanh"):
         da, db = C.glu2_bwd(g, a, b, act=act, **BF)
         da32, db32 = C.glu2_bwd(widen(g), widen(a), widen(b), act=act)
-        assert_bits(da, da32, f"glu2_bwd {act} da")
-        assert_bits(db, db32, f"glu2_bwd {act} db")
-    assert_bits(C.gelu_erf_bwd(g, a, **BF), C.gelu_erf_bwd(widen(g), widen(a)), "gelu_erf_bwd")
+        assert_bits(C, da, da32, f"glu2_bwd {act} da")
+        assert_bits(C, db, db32, f"glu2_bwd {act} db")
+    assert_bits(C, C.gelu_erf_bwd(g, a, **BF), C.gelu_erf_bwd(widen(g), widen(a)), "gelu_erf_bwd")
 
 
 def _forward_cases(C):
