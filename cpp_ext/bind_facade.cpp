@@ -29,17 +29,19 @@ namespace {
 // lines (two-pass rms_norm, 1 thread, 4096 x 4096 fp32: 0.86 -> 0.50 of the streaming copy
 // in a standalone loop). A (1, 4096) call keeps the caller's arrays: the copy would cost
 // more than the misaligned loads.
-// Without zero-centred gamma, 16-bit weights stay 16-bit (kernels.h NormWeights; norm.cpp
-// with_w says why): fp16 as they are (copied only to align them), bf16 with a bias packed with
-// it, a word per element. Exact either way: the fp32 conversion of a 16-bit value is exact.
+// Without zero-centred gamma, and where g_norm_w16 says so (runtime.h: not on Zen 4), 16-bit
+// weights stay 16-bit (kernels.h NormWeights; norm.cpp with_w says why): fp16 as they are
+// (copied only to align them), bf16 with a bias packed with it, a word per element; the fused
+// add (`fused`) packs bf16 pairs on every CPU. Exact either way: the fp32 conversion of a
+// 16-bit value is exact.
 struct NormParams {
     const void* w = nullptr;
     const void* b = nullptr;
     int wf = NW_F32;
     std::optional<Scratch> buf;  // 64-byte aligned (runtime.h)
-    NormParams(const Arr& wa, const char* bias, int dt, int64_t n, bool zc, bool big) {
+    NormParams(const Arr& wa, const char* bias, int dt, int64_t n, bool zc, bool big, bool fused = false) {
         auto off = [](const void* p) { return (uintptr_t)p % 64 != 0; };
-        if (dt == DT_BF16 && bias && !zc) {
+        if (dt == DT_BF16 && bias && !zc && (g_norm_w16 || fused)) {
             wf = NW_BF16_PAIRS;
             uint32_t* pk = (uint32_t*)buf.emplace((size_t)n, wa.data).get();
             const uint16_t *wb = (const uint16_t*)wa.data, *bb = (const uint16_t*)bias;
@@ -47,7 +49,7 @@ struct NormParams {
             w = b = pk;
             return;
         }
-        if (dt == DT_F16 && !zc) {
+        if (dt == DT_F16 && !zc && g_norm_w16) {
             wf = NW_F16;
             w = wa.data;
             b = bias;
@@ -178,7 +180,7 @@ py::tuple add_norm(bool layer, const py::object& x_, const py::object& r_, const
         shape_error("out and residual_out overlap; they must be separate arrays");
     const int es = ELSIZE[x.dt];
     const int64_t bytes = x.size * es;
-    NormParams np(w, bias, x.dt, n, false, bytes >= g_par_bytes);
+    NormParams np(w, bias, x.dt, n, false, bytes >= g_par_bytes, true);
     const int nth = threads_for(4 * bytes, rows);
     const size_t per = (size_t)fused_add_scratch(n);
     Scratch scratch((size_t)nth * per, x.data);

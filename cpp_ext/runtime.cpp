@@ -68,6 +68,7 @@ int64_t g_par_bytes = 128 * 1024;
 int64_t g_nt_bytes = 8 << 20;
 // kernels.h; set by init_runtime from cpu_splits_512().
 bool g_softmax_exp_twice = false;
+bool g_norm_w16 = true;  // runtime.h
 // Default cap: 1 GiB or 1/16 of physical memory, whichever is less (init_runtime).
 int64_t g_cache_min = 1 << 20;
 int64_t g_cache_cap = int64_t(1) << 30;
@@ -324,6 +325,7 @@ void init_runtime() {
     select_isa();
     // The second exp costs a split core more than the stored row's reload (softmax.cpp).
     g_softmax_exp_twice = !cpu_splits_512();
+    g_norm_w16 = !cpu_splits_512();  // an fp32 weight is the faster one there (bind_facade.cpp)
 #ifdef TO_HAVE_ATFORK
     pthread_atfork(nullptr, nullptr, at_fork_child);
 #endif

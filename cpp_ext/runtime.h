@@ -32,6 +32,11 @@ extern std::atomic<bool> g_omp_used;
 extern int64_t g_par_bytes;
 // Outputs at least this large are written with non-temporal (streaming) stores.
 extern int64_t g_nt_bytes;
+// Whether the norms read fp16 weights (and a bf16 layer_norm its weight and bias packed) as
+// 16-bit data instead of an fp32 copy: half the L1 footprint for one conversion per vector.
+// It pays on Intel's AVX-512 cores and loses on Zen 4 (cpu_splits_512; bind_facade.cpp
+// NormParams, norm.cpp with_w); build_info()["norm_weights_16bit"], _set_tuning(norm_w16=).
+extern bool g_norm_w16;
 // The fresh-output block cache (alloc.cpp): outputs >= g_cache_min bytes come from it and
 // at most g_cache_cap bytes stay cached.
 extern int64_t g_cache_min;

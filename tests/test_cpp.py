@@ -545,6 +545,49 @@ def test_softmax_fp16_exp_twice_is_bitwise_the_stored_form(C, n):
         C._set_tuning(*old)
 
 
+@pytest.mark.parametrize("dt", ["float16", "bfloat16"])
+@pytest.mark.parametrize("shape", [(3, 37), (70, 4096)], ids=lambda s: "x".join(map(str, s)))
+def test_norm_16bit_weights_read_either_way_are_bitwise_equal(C, dt, shape):
+    """The norms read a 16-bit weight (and bias) as 16-bit data or as an fp32 copy, chosen at
+    import from the CPU (build_info()["norm_weights_16bit"]; bind_facade.cpp NormParams); the
+    widening is exact, so every norm and fused add gives the same bits either way, single- and
+    multi-threaded (the larger shape splits rows over the threads and streams its stores)."""
+    info = C.build_info()
+    assert info["norm_weights_16bit"] == (not info["cpu_supports"]["splits_512"])
+    rng = np.random.default_rng(shape[1])
+    kw = {"dtype": "bfloat16"} if dt == "bfloat16" else {}
+
+    def arr(*sh, scale=1.0):
+        v = (rng.standard_normal(sh) * scale + (0.5 if len(sh) == 1 else 0)).astype(np.float32)
+        return bf16_bits(v) if dt == "bfloat16" else v.astype(dt)
+
+    x, r, w, b = arr(*shape), arr(*shape), arr(shape[1]), arr(shape[1], scale=0.1)
+    calls = {
+        "rms_norm": lambda: (C.rms_norm(x, w, 1e-6, **kw),),
+        "layer_norm": lambda: (C.layer_norm(x, w, b, 1e-5, **kw),),
+        "layer_norm_nobias": lambda: (C.layer_norm(x, w, None, 1e-5, **kw),),
+        "add_rms_norm": lambda: C.add_rms_norm(x, r, w, 1e-6, **kw),
+        "add_layer_norm": lambda: C.add_layer_norm(x, r, w, b, 1e-5, **kw),
+    }
+    old = (info["nontemporal_threshold_bytes"], int(info["norm_weights_16bit"]))
+    try:
+        got = {}
+        for w16 in (0, 1):
+            C._set_tuning(nontemporal_threshold_bytes=0 if shape[0] > 8 else -1, norm_w16=w16)
+            assert C.build_info()["norm_weights_16bit"] == bool(w16)
+            got[w16] = {k: [np.array(a).view(np.uint16) for a in f()] for k, f in calls.items()}
+        for k in calls:
+            for a0, a1 in zip(got[0][k], got[1][k]):
+                np.testing.assert_array_equal(a0, a1, err_msg=k)
+    finally:
+        C._set_tuning(nontemporal_threshold_bytes=old[0], norm_w16=old[1])
+    xv = bf16_float(x) if dt == "bfloat16" else x
+    wv = bf16_float(w) if dt == "bfloat16" else w
+    y = got[0]["rms_norm"][0]
+    want = ref.rms_norm(xv.astype(np.float64), wv.astype(np.float64), 1e-6)
+    check(y if dt == "bfloat16" else y.view(np.float16), want, dt)
+
+
 def test_softmax_exp_across_the_exponent_range(C):
     """Each e^(x - max) relative to float64 across fp32's exponent range: the polynomial's
     error (<= 2.3e-7 on every ISA's route) plus the argument's rounding, |x - max| * 6e-8,
