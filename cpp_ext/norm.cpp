@@ -352,8 +352,8 @@ void add_layer_norm_t(const void* xv, const void* rv, const TW* w, const TB* b, 
 // (simd.h bf16lo / bf16hi: one instruction each from one load); a bf16 rms_norm, or a
 // layer_norm without bias, keeps the fp32 weight. On Zen 4 (512-bit instructions split in
 // two) the conversions cost more than the footprint saves: fp32 weights there for fp16 (rms_norm
-// 1.12-1.15x, layer_norm 1.06-1.27x) and bf16 layer_norm (1.07-1.08x); the fused add keeps
-// bf16 pairs (0.96x without). runtime.h g_norm_w16; CONTRIBUTING "A Zen 4 host again".
+// 1.06-1.15x, layer_norm 1.06-1.27x) and bf16 layer_norm (1.07-1.09x); the fused add keeps
+// bf16 pairs (0.96x without). runtime.h g_norm_w16; CONTRIBUTING "Zen 4: the norms' 16-bit weights".
 template <class T, bool PAIRS, class F>
 inline void with_w(int wf, const void* w, const void* b, const F& f) {
     if constexpr (std::is_same_v<T, f16>) {

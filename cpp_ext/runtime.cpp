@@ -108,7 +108,8 @@ bool cpu_avx512bf16() {
 
 // Whether the core executes a 512-bit instruction as two 256-bit halves: AMD's Zen 4 (family
 // 0x19, the first AMD with AVX-512) does, so a zmm FMA costs it two of its 256-bit pipe
-// slots; Intel's AVX-512 cores and Zen 5 (family 0x1a) execute it whole. Kernels whose
+// slots; Intel's AVX-512 cores and Zen 5 (family 0x1a) are taken to execute it whole (our
+// reading of the vendors' descriptions; only Zen 4 and Cascade Lake were measured). Kernels whose
 // best form trades arithmetic for memory traffic choose by it (kernels.h g_softmax_exp_twice).
 bool cpu_splits_512() {
 #ifdef TO_X86
@@ -323,9 +324,11 @@ int set_threads(int n) {
 
 void init_runtime() {
     select_isa();
-    // The second exp costs a split core more than the stored row's reload (softmax.cpp).
-    g_softmax_exp_twice = !cpu_splits_512();
-    g_norm_w16 = !cpu_splits_512();  // an fp32 weight is the faster one there (bind_facade.cpp)
+    // On a split core the second exp costs more than the stored row's reload (softmax.cpp),
+    // and an fp32 weight is the faster one (bind_facade.cpp NormParams).
+    const bool split = cpu_splits_512();
+    g_softmax_exp_twice = !split;
+    g_norm_w16 = !split;
 #ifdef TO_HAVE_ATFORK
     pthread_atfork(nullptr, nullptr, at_fork_child);
 #endif

@@ -70,8 +70,8 @@ inline void softmax_row(T* yr, int64_t n, int64_t len, float* e, bool nt, Prefet
     // vcvtps2ph / vmovntdq). ab_builds.py --ops softmax --copies 3 --rounds 11, Intel Cascade
     // Lake: avx512 fp16 1.18x in three runs (tex_softmax 1.13x), bf16 0.88x (its widen and pack
     // make the second exp too dear), the AVX2 variant's fp16 0.92x. On Zen 4, which splits
-    // each 512-bit instruction in two, the second exp is the loss: the stored form is 1.36x
-    // (softmax) and 1.47x (tex_softmax) faster there (ab_builds.py --copies 3 --rounds 9).
+    // each 512-bit instruction in two, the second exp is the loss: the stored form is 1.50x
+    // (softmax) and 1.54x (tex_softmax) faster there (ab_builds.py --copies 3 --rounds 9).
     const bool rc = !KEEP && TO_ISA == 2 && std::is_same_v<T, f16> && len == n && g_softmax_exp_twice;
     const float ninf = -__builtin_inff();
     alignas(64) float t[W];

@@ -35,6 +35,7 @@ from ._bench_ceiling import MEMCPY_MISSING, ceiling_copy, copy_threads, stream_c
 from ._bench_impls import (ImplRef, facade_impls, host_copies_allowed, impl_token, run_forced,  # noqa: F401
                            strict_mode, validate)
 from ._global import settings_override  # noqa: F401
+from .testing import np_dtype
 from ._tune import _human
 
 BENCH_OPS = ("rms_norm", "layer_norm", "add_rms_norm", "add_layer_norm", "softmax", "silu", "gelu", "relu", "swiglu",
@@ -95,7 +96,7 @@ def row_ladder(dtype: str, llc: int, mode: str = "default", cols: int = COLS) ->
     the LLC, then doubling, up to the cap (x <= 256 MiB); :func:`converged` stops it earlier."""
     if mode == "quick":
         return [1, 32, 512]
-    row_bytes = cols * (2 if dtype == "bfloat16" else np.dtype(dtype).itemsize)
+    row_bytes = cols * np_dtype(dtype).itemsize
     rows, out = 1, []
     if mode == "full":
         target = 4 * llc

@@ -89,7 +89,7 @@ def make_case(op: str, dtype: str, shape, variant: str = "", seed: int = 0) -> C
     them to the kernel as they are), matmul's b; the fused add + norm reads x and residual and
     writes normed and s (2 reads + 2 writes per element)."""
     rng = np.random.default_rng(seed)
-    dt = np_dtype(dtype) if isinstance(dtype, str) else np.dtype(dtype)  # 'bfloat16' needs ml_dtypes
+    dt = np_dtype(dtype)  # 'bfloat16' is ml_dtypes' (imported here: NumPy knows the name only then)
     shape = tuple(shape)
     # float32 draws: half the memory and time of float64 ones at the ladder's 256 MiB sizes
     draw = np.asarray(rng.standard_normal(shape, dtype=np.float64 if dt == np.float64 else np.float32))
