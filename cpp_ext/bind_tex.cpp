@@ -42,20 +42,31 @@ py::tuple norm_bwd(bool layer, const py::object& dz_, const py::object& x_, cons
     const int nth = rows ? threads_for(bytes, groups) : 1;
     const int nacc = layer ? 2 : 1;
     const bool nt = use_nt(x.size * es);
-    Scratch acc((size_t)groups * nacc * (size_t)n + 1, x.data);
+    // the accumulators, then a 16-bit gamma widened (the kernels' gp), GP_SKEW floats past them so
+    // that gp[i] and the accumulators' [i] are not a multiple of 4 KiB apart (n = 1024: loads
+    // of gp beside stores to dg would alias in the store buffer's 12-bit address check)
+    constexpr size_t GP_SKEW = 272;  // 1 KiB + one line
+    Scratch acc((size_t)groups * nacc * (size_t)n + (x.dt != DT_F32 ? GP_SKEW + (size_t)n : 0) + 1, x.data);
     {
         py::gil_scoped_release nogil;
         std::memset(acc.get(), 0, sizeof(float) * (size_t)groups * nacc * (size_t)n);
         float* A = acc.get();
+        // fp32 gamma in place; a 16-bit one widened once here (the kernels read it twice per element)
+        const float* gp = (const float*)g.data;
+        if (x.dt != DT_F32) {
+            float* c = A + (size_t)groups * nacc * n + GP_SKEW;
+            g_k->to_f32[x.dt](g.data, c, n);
+            gp = c;
+        }
         if (rows) {
             const float* rsp = (const float*)rs.data;
             parallel_row_groups(rows, nth, [&](int64_t b, int64_t e, int64_t t, int) {  // t: the row group
                 float* dga = A + (size_t)t * nacc * n;
                 if (layer)
-                    g_k->layer_norm_bwd[x.dt](dz.data + b * n * es, x.data + b * n * es, mu + b, rsp + b, g.data,
+                    g_k->layer_norm_bwd[x.dt](dz.data + b * n * es, x.data + b * n * es, mu + b, rsp + b, gp,
                                               dx.data + b * n * es, dga, dga + n, e - b, n, zc, nt);
                 else
-                    g_k->rms_norm_bwd[x.dt](dz.data + b * n * es, x.data + b * n * es, rsp + b, g.data,
+                    g_k->rms_norm_bwd[x.dt](dz.data + b * n * es, x.data + b * n * es, rsp + b, gp,
                                             dx.data + b * n * es, dga, e - b, n, zc, nt);
             });
         }

@@ -85,11 +85,11 @@ struct KernelTable {
                            int64_t n, int64_t T, int64_t row0, bool interleaved, bool nt, int64_t heads,
                            int64_t hstride);
     // dx written (streaming stores with nt); dg_acc (and db_acc) are fp32 [n] accumulators the
-    // rows are added into.
-    void (*rms_norm_bwd[DT_COUNT])(const void* dz, const void* x, const float* rsigma, const void* g,
+    // rows are added into; gp: gamma in fp32 (a 16-bit one widened by the caller), read as gp + 1 with zc.
+    void (*rms_norm_bwd[DT_COUNT])(const void* dz, const void* x, const float* rsigma, const float* gp,
                                    void* dx, float* dg_acc, int64_t rows, int64_t n, bool zc, bool nt);
     void (*layer_norm_bwd[DT_COUNT])(const void* dz, const void* x, const float* mu, const float* rsigma,
-                                     const void* g, void* dx, float* dg_acc, float* db_acc,
+                                     const float* gp, void* dx, float* dg_acc, float* db_acc,
                                      int64_t rows, int64_t n, bool zc, bool nt);
     // [grad dtype][param dtype]; m, v (and master when non-null) are fp32.
     void (*adam[DT_COUNT][DT_COUNT])(const void* g, void* p, float* m, float* v, float* master,

@@ -386,9 +386,9 @@ void add_layer_norm_k(const void* x, const void* r, const void* w, const void* b
                     [&](auto wt, auto bt) { add_layer_norm_t<T>(x, r, wt, bt, y, o, rows, n, eps, e, nt); });
 }
 
-// sum_i a[i]*b[i]*c[i] over a row, blocked like row_sumsq.
+// sum_i a[i]*b[i]*c[i] over a row, blocked like row_sumsq (b: the backward's fp32 weight).
 template <class T>
-inline double row_dot3(const T* a, const T* b, const T* c, int64_t n, const V add_c) {
+inline double row_dot3(const T* a, const float* b, const T* c, int64_t n, const V add_c) {
     double acc = 0.0;
     int64_t i = 0;
     while (i < n) {
@@ -409,22 +409,23 @@ inline double row_dot3(const T* a, const T* b, const T* c, int64_t n, const V ad
 // and x prefetched meanwhile, so the first pass over it finds it in cache (4096x1024 fp32
 // layer_norm_bwd, one thread, on the shared 2-core box: ~4.9 -> ~2.9 ms, best of 21).
 // dgamma (and dbeta) are added into the fp32 accumulators as each dx vector is produced:
-// write_row visits every index once.
+// write_row visits every index once. gp is gamma in fp32 (read as gp + 1 for zero-centred
+// gamma, zc): a 16-bit gamma is widened once per call by the binding (bind_tex.cpp norm_bwd)
+// instead of at each of the rows' two reads per element (two instructions for bf16).
 // y = x*rs*g'  (g' = g or 1+g):  dx = rs*(dz*g' - x*rs*c),  c = rs*mean(dz*g'*x),
 // dgamma += dz*x*rs.
 template <class T>
-void rms_norm_bwd_k(const void* dzv, const void* xv, const float* rsigma, const void* gv, void* dxv,
+void rms_norm_bwd_k(const void* dzv, const void* xv, const float* rsigma, const float* gp, void* dxv,
                     float* dg, int64_t rows, int64_t n, bool zc, bool nt) {
     const T* dz = (const T*)dzv;
     const T* x = (const T*)xv;
-    const T* g = (const T*)gv;
     T* dx = (T*)dxv;
     const V one = vset(zc ? 1.0f : 0.0f);
     for (int64_t r = 0; r < rows; ++r) {
         const T* dzr = dz + r * n;
         const T* xr = x + r * n;
         const float rs = rsigma[r];
-        const double s = row_dot3(dzr, g, xr, n, one);
+        const double s = row_dot3(dzr, gp, xr, n, one);
         const float c = (float)((double)rs * s / (double)n);
         const V vrs = vset(rs), vk = vset(rs * rs * c);
         const bool more = r + 1 < rows;
@@ -433,12 +434,12 @@ void rms_norm_bwd_k(const void* dzv, const void* xv, const float* rsigma, const 
             px();
             const V vdz = vload(dzr + i), vx = vload(xr + i);
             vstore(dg + i, vfma(vdz, vx * vrs, vload(dg + i)));
-            return vfnma(vk, vx, vrs * vdz * (vload(g + i) + one));
+            return vfnma(vk, vx, vrs * vdz * (vload(gp + i) + one));
         };
         auto part = [&](int64_t i, int64_t k) {
             const V vdz = vload_part(dzr + i, k, 0.f), vx = vload_part(xr + i, k, 0.f);
             vstore_part(dg + i, vfma(vdz, vx * vrs, vload_part(dg + i, k, 0.f)), k);
-            return vfnma(vk, vx, vrs * vdz * (vload_part(g + i, k, 0.f) + one));
+            return vfnma(vk, vx, vrs * vdz * (vload_part(gp + i, k, 0.f) + one));
         };
         write_row(dx + r * n, n, nt, full, part, next_row(dzr, n, more, n));
         px.rest();
@@ -449,11 +450,10 @@ void rms_norm_bwd_k(const void* dzv, const void* xv, const float* rsigma, const 
 // xh = (x-mu)*rs, dy = dz*g':  dx = rs*(dy - mean(dy) - xh*mean(dy*xh)),
 // dgamma += dz*xh, dbeta += dz.
 template <class T>
-void layer_norm_bwd_k(const void* dzv, const void* xv, const float* mu, const float* rsigma, const void* gv,
+void layer_norm_bwd_k(const void* dzv, const void* xv, const float* mu, const float* rsigma, const float* gp,
                       void* dxv, float* dg, float* db, int64_t rows, int64_t n, bool zc, bool nt) {
     const T* dz = (const T*)dzv;
     const T* x = (const T*)xv;
-    const T* g = (const T*)gv;
     T* dx = (T*)dxv;
     const V one = vset(zc ? 1.0f : 0.0f);
     for (int64_t r = 0; r < rows; ++r) {
@@ -468,7 +468,7 @@ void layer_norm_bwd_k(const void* dzv, const void* xv, const float* mu, const fl
             V a1 = vset(0.0f), a2 = vset(0.0f);
             for (; i < e; i += W) {
                 const int64_t k = e - i < W ? e - i : W;
-                V dy = ld(dzr + i, k) * (ld(g + i, k) + one);
+                V dy = ld(dzr + i, k) * (ld(gp + i, k) + one);
                 V xh = (ld(xr + i, k) - vm) * vrs;
                 a1 = a1 + dy;
                 a2 = vfma(dy, xh, a2);
@@ -486,14 +486,14 @@ void layer_norm_bwd_k(const void* dzv, const void* xv, const float* mu, const fl
             const V xh = (vload(xr + j) - vm) * vrs;
             vstore(dg + j, vfma(vdz, xh, vload(dg + j)));
             if (db) vstore(db + j, vload(db + j) + vdz);
-            return vrs * vfnma(xh, vb, vdz * (vload(g + j) + one) - va);
+            return vrs * vfnma(xh, vb, vdz * (vload(gp + j) + one) - va);
         };
         auto part = [&](int64_t j, int64_t k) {
             const V vdz = vload_part(dzr + j, k, 0.f);
             const V xh = (vload_part(xr + j, k, 0.f) - vm) * vrs;
             vstore_part(dg + j, vfma(vdz, xh, vload_part(dg + j, k, 0.f)), k);
             if (db) vstore_part(db + j, vload_part(db + j, k, 0.f) + vdz, k);
-            return vrs * vfnma(xh, vb, vdz * (vload_part(g + j, k, 0.f) + one) - va);
+            return vrs * vfnma(xh, vb, vdz * (vload_part(gp + j, k, 0.f) + one) - va);
         };
         write_row(dx + r * n, n, nt, full, part, next_row(dzr, n, more, n));
         px.rest();
