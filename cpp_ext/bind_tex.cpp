@@ -42,18 +42,19 @@ py::tuple norm_bwd(bool layer, const py::object& dz_, const py::object& x_, cons
     const int nth = rows ? threads_for(bytes, groups) : 1;
     const int nacc = layer ? 2 : 1;
     const bool nt = use_nt(x.size * es);
-    // the accumulators, then a 16-bit gamma widened (the kernels' gp), GP_SKEW floats past them so
-    // that gp[i] and the accumulators' [i] are not a multiple of 4 KiB apart (n = 1024: loads
-    // of gp beside stores to dg would alias in the store buffer's 12-bit address check)
+    // The accumulators, then a 16-bit gamma widened once (the kernels' gp: they read it twice per
+    // element), GP_SKEW floats past them so gp[i] and the accumulators' [i] are not a multiple of
+    // 4 KiB apart: right after them (n = 1024) it measured 0.90-0.94x, skewed 1.09-1.14x
+    // (CONTRIBUTING "The norm backward's 16-bit gamma"). An fp32 gamma is read in place.
     constexpr size_t GP_SKEW = 272;  // 1 KiB + one line
-    Scratch acc((size_t)groups * nacc * (size_t)n + (x.dt != DT_F32 ? GP_SKEW + (size_t)n : 0) + 1, x.data);
+    const bool widen = x.dt != DT_F32;
+    Scratch acc((size_t)groups * nacc * (size_t)n + (widen ? GP_SKEW + (size_t)n : 0) + 1, x.data);
     {
         py::gil_scoped_release nogil;
         std::memset(acc.get(), 0, sizeof(float) * (size_t)groups * nacc * (size_t)n);
         float* A = acc.get();
-        // fp32 gamma in place; a 16-bit one widened once here (the kernels read it twice per element)
         const float* gp = (const float*)g.data;
-        if (x.dt != DT_F32) {
+        if (widen) {
             float* c = A + (size_t)groups * nacc * n + GP_SKEW;
             g_k->to_f32[x.dt](g.data, c, n);
             gp = c;
