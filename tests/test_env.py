@@ -125,6 +125,22 @@ def test_aliases_canonical_first_and_blank_is_unset():
     assert _env.lookup("TENSOR_OPS_LOG_LEVEL", {}) == ("WARNING", None)
 
 
+def test_raw_reads_os_environ_as_it_is_now(monkeypatch):
+    """raw() skips names absent from os.environ's key dict (a fast miss); a name set, changed or
+    deleted after import is seen at the next read, blank still means unset."""
+    monkeypatch.delenv("TE_BACKEND", raising=False)
+    monkeypatch.delenv("TE_PLUGIN", raising=False)
+    assert _env.raw("TE_BACKEND") == (None, None)
+    monkeypatch.setenv("TE_PLUGIN", " cpp ")
+    assert _env.raw("TE_BACKEND") == ("cpp", "TE_PLUGIN")
+    monkeypatch.setenv("TE_BACKEND", "torch")
+    assert _env.raw("TE_BACKEND") == ("torch", "TE_BACKEND")
+    monkeypatch.setenv("TE_BACKEND", "  ")
+    assert _env.raw("TE_BACKEND") == ("cpp", "TE_PLUGIN")
+    monkeypatch.delenv("TE_PLUGIN")
+    assert _env.raw("TE_BACKEND") == (None, None)
+
+
 @pytest.mark.parametrize("name,value,want", [
     ("TENSOR_OPS_STRICT", "YES", True), ("TENSOR_OPS_STRICT", "off", False),
     ("TENSOR_OPS_LOG_LEVEL", "info", "INFO"), ("TE_FL_PREFER", "Default", "flagos"),

@@ -142,3 +142,29 @@ def test_tex_without_torch_says_how_to_install():
             print('MSG', e)
     """)
     assert "pip install torch==2.13.0" in r.stdout, (r.stdout, r.stderr)
+
+
+@pytest.mark.parametrize("dtype", T.DTYPES, ids=str)
+def test_cpp_adapter_views_are_the_tensors_memory(dtype):
+    """default.cpp's adapters view their tensors in one native call (_cpp_base._views): each
+    view is the tensor's own memory and values (bfloat16 as ml_dtypes' bfloat16, or its int16
+    bits where _np made them); a call holding a tensor the native call declines (an empty
+    one) views every tensor through _np instead; None passes."""
+    from tensor_ops.backends import cpp
+    from tensor_ops.tex import _cpp_base as B
+    ok, why = cpp.availability()
+    if not ok:
+        pytest.skip(f"the cpp backend is unavailable: {why}")
+    x = T.rand((3, 5), dtype, seed=1)
+    w = T.rand((5,), dtype, seed=2)
+    for ts in ((x, None, w), (x, torch.empty(0, dtype=dtype), w)):
+        vs = B._views(*ts)
+        assert len(vs) == len(ts)
+        for t, v in zip(ts, vs):
+            if t is None:
+                assert v is None
+                continue
+            ref = B._np(t)
+            assert v.shape == ref.shape
+            assert t.numel() == 0 or v.__array_interface__["data"][0] == t.data_ptr()
+            assert v.view(ref.dtype).tobytes() == ref.tobytes()

@@ -29,6 +29,8 @@ def check_tensor(op: str, name: str, t, *, optional: bool = False, float_only: b
 
 
 def check_same_device(op: str, **tensors) -> None:
+    if all(t is None or (isinstance(t, torch.Tensor) and t.is_cpu) for t in tensors.values()):
+        return  # the common case, without a torch.device per tensor
     devs = {n: t.device for n, t in tensors.items() if isinstance(t, torch.Tensor)}
     if len(set(devs.values())) > 1:
         desc = ", ".join(f"{n} on {d}" for n, d in devs.items())

@@ -15,7 +15,7 @@ from typing import Any, Callable
 import torch
 
 from . import _cpp_train
-from ._cpp_base import _BF16, _F16, _F32, _empty, _empty_like, _flat, _kw, _native, _np, _plain
+from ._cpp_base import _BF16, _F16, _F32, _empty, _empty_like, _flat, _kw, _native, _plain, _vec, _views
 
 NAME = "cpp"
 IMPL_ID = "default.cpp"
@@ -32,8 +32,8 @@ def rmsnorm_fwd(input, weight, eps, ln_out, quantizer, otype, sm_margin, zero_ce
     h = input.shape[-1]
     out = ln_out if ln_out is not None else _empty_like(input)
     rs = torch.empty(input.numel() // h if h else 0, dtype=_F32)
-    _native().rms_norm(_np(input), _np(weight.reshape(-1)), eps, _np(out), rsigma=rs.numpy(),
-                       zero_centered_gamma=zero_centered_gamma, dtype=_kw(input))
+    xv, wv, ov, rv = _views(input, weight, out, rs)
+    _native().rms_norm(xv, _vec(wv), eps, ov, rsigma=rv, zero_centered_gamma=zero_centered_gamma, dtype=_kw(input))
     return [out, None, rs]
 
 
@@ -49,9 +49,9 @@ def layernorm_fwd(input, weight, bias, eps, ln_out, quantizer, otype, sm_margin,
     out = ln_out if ln_out is not None else _empty_like(input)
     mu = torch.empty(n, dtype=_F32)
     rs = torch.empty(n, dtype=_F32)
-    _native().layer_norm(_np(input), _np(weight.reshape(-1)), None if bias is None else _np(bias.reshape(-1)), eps,
-                         _np(out), mu=mu.numpy(), rsigma=rs.numpy(), zero_centered_gamma=zero_centered_gamma,
-                         dtype=_kw(input))
+    xv, wv, bv, ov, mv, rv = _views(input, weight, bias, out, mu, rs)
+    _native().layer_norm(xv, _vec(wv), None if bv is None else _vec(bv), eps, ov, mu=mv, rsigma=rv,
+                         zero_centered_gamma=zero_centered_gamma, dtype=_kw(input))
     return [out, mu, rs]
 
 
@@ -63,8 +63,8 @@ def _sup_rms_bwd(dz, x, rsigma, gamma, sm, zc):
 def rmsnorm_bwd(dz, x, rsigma, gamma, sm_margin, zero_centered_gamma):
     dx = _empty_like(x)
     dg = torch.empty_like(gamma)
-    _native().rms_norm_bwd(_np(dz), _np(x), _np(rsigma), _np(gamma.reshape(-1)), _np(dx), _np(dg.reshape(-1)),
-                           zero_centered_gamma, dtype=_kw(x))
+    zv, xv, rv, gv, dxv, dgv = _views(dz, x, rsigma, gamma, dx, dg)
+    _native().rms_norm_bwd(zv, xv, rv, _vec(gv), dxv, _vec(dgv), zero_centered_gamma, dtype=_kw(x))
     return [dx, dg]
 
 
@@ -87,8 +87,8 @@ def layernorm_bwd(dz, x, mu, rsigma, gamma, sm_margin, zero_centered_gamma):
     dx = _empty_like(x)
     dg = torch.empty_like(gamma)
     db = torch.empty_like(gamma)
-    _native().layer_norm_bwd(_np(dz), _np(x), _np(mu), _np(rsigma), _np(gamma.reshape(-1)), _np(dx),
-                             _np(dg.reshape(-1)), _np(db.reshape(-1)), zero_centered_gamma, dtype=_kw(x))
+    zv, xv, mv, rv, gv, dxv, dgv, dbv = _views(dz, x, mu, rsigma, gamma, dx, dg, db)
+    _native().layer_norm_bwd(zv, xv, mv, rv, _vec(gv), dxv, _vec(dgv), _vec(dbv), zero_centered_gamma, dtype=_kw(x))
     return [dx, dg, db]
 
 
@@ -101,7 +101,8 @@ def _sup_act(input, quantizer):
 def _unary(kernel, **extra):
     def fn(input, quantizer):
         out = _empty_like(input)
-        getattr(_native(), kernel)(_np(input), out=_np(out), dtype=_kw(input), **extra)
+        xv, ov = _views(input, out)
+        getattr(_native(), kernel)(xv, out=ov, dtype=_kw(input), **extra)
         return out
     return fn
 
@@ -109,7 +110,8 @@ def _unary(kernel, **extra):
 def _glu(kernel, **extra):
     def fn(input, quantizer):
         out = _empty(tuple(input.shape[:-1]) + (input.shape[-1] // 2,), input.dtype)
-        getattr(_native(), kernel)(_np(input), out=_np(out), dtype=_kw(input), **extra)
+        xv, ov = _views(input, out)
+        getattr(_native(), kernel)(xv, out=ov, dtype=_kw(input), **extra)
         return out
     return fn
 

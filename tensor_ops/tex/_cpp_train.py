@@ -10,7 +10,7 @@ from typing import Any, Callable
 
 import torch
 
-from ._cpp_base import _F32, _OK, _empty, _empty_like, _flat, _kw, _native, _np, _plain
+from ._cpp_base import _F32, _OK, _empty, _empty_like, _flat, _kw, _native, _np, _plain, _views
 
 
 # ---------------------------------------------------------------- training: activation derivatives
@@ -28,7 +28,8 @@ def _deriv(kernel, kind):
     def fn(grad, fwd_input, quantizer):
         k = _native()
         out = _empty_like(fwd_input)
-        getattr(k, kernel)(_np(grad), _np(fwd_input), _np(out), k.DACT_CODES[kind], dtype=_kw(fwd_input))
+        gv, xv, ov = _views(grad, fwd_input, out)
+        getattr(k, kernel)(gv, xv, ov, k.DACT_CODES[kind], dtype=_kw(fwd_input))
         return out
     return fn
 
@@ -39,7 +40,8 @@ def _dbias_dact(kind):
         out = _empty_like(fwd_input)
         h = fwd_input.shape[-1]
         db = torch.zeros(h, dtype=_F32)
-        k.dact(_np(grad), _np(fwd_input), _np(out), k.DACT_CODES[kind], dbias=db.numpy(), dtype=_kw(fwd_input))
+        gv, xv, ov, dbv = _views(grad, fwd_input, out, db)
+        k.dact(gv, xv, ov, k.DACT_CODES[kind], dbias=dbv, dtype=_kw(fwd_input))
         return [db.to(grad.dtype), out]
     return fn
 
@@ -51,7 +53,8 @@ _SM_PLAIN, _SM_MASK, _SM_CAUSAL = 0, 1, 2
 
 def _softmax_run(x, mode, scale, mask=None, heads=1, sq=1, causal_off=0):
     out = _empty_like(x)
-    _native().tex_softmax(_np(x), _np(out), scale, mode, mask, heads, sq, causal_off, dtype=_kw(x))
+    xv, ov = _views(x, out)
+    _native().tex_softmax(xv, ov, scale, mode, mask, heads, sq, causal_off, dtype=_kw(x))
     return out
 
 
@@ -89,7 +92,8 @@ def _sup_sm_bwd(dy, y, scale):
 
 def scaled_softmax_backward(output_grads, softmax_results, scale):
     out = _empty_like(softmax_results)
-    _native().tex_softmax_bwd(_np(output_grads), _np(softmax_results), _np(out), scale, dtype=_kw(softmax_results))
+    gv, yv, ov = _views(output_grads, softmax_results, out)
+    _native().tex_softmax_bwd(gv, yv, ov, scale, dtype=_kw(softmax_results))
     return out
 
 
@@ -138,8 +142,8 @@ def _rope(transpose):
         pos = pos.contiguous().reshape(-1).to(torch.int64)
         heads = x.shape[-2]
         out = _empty_like(x)
-        _native().tex_rope(_np(x), cos, sin, pos.numpy(), _np(out), heads, bool(interleaved), transpose,
-                           dtype=_kw(x))
+        xv, ov = _views(x, out)
+        _native().tex_rope(xv, cos, sin, pos.numpy(), ov, heads, bool(interleaved), transpose, dtype=_kw(x))
         return out
     return fn
 

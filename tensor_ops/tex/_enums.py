@@ -190,6 +190,10 @@ def to_torch_dtype(dtype, default: torch.dtype | None = None, *, what: str = "ot
     """DType / torch.dtype / None → torch.dtype (None → ``default``)."""
     if dtype is None:
         return default
+    if type(dtype) is DType:  # the common case first: one dict lookup (TE passes members)
+        got = _TO_TORCH.get(dtype)
+        if got is not None:
+            return got
     if isinstance(dtype, torch.dtype):
         return dtype
     if isinstance(dtype, bool) or not isinstance(dtype, int):
