@@ -26,9 +26,9 @@ disagree instead of as a speed-up.
 The cases are the benchmark's own (``_bench_cases.bench_case``: (rows, 4096), rope (32, rows,
 128)), ``out=`` given as ``np.empty`` gives it (16 bytes past a 64-byte boundary); and TE's
 scaled softmax as tex calls it (``tex_softmax``, ``tex_softmax_mask``, ``tex_softmax_causal``,
-``tex_softmax_bwd``: the extension's entry points on (rows, 4096)) and TE's activation
+``tex_softmax_bwd``: the extension's entry points on (rows, ``--width``, 4096 by default)) and TE's activation
 derivatives (``tex_d<act>``, e.g. ``tex_dgelu``; ``tex_dbias_d<act>`` with the bias gradient;
-``tex_dglu_<act>``, the gated ones on (rows, [2048 | 2048]) rows: ``tex_dglu_silu`` is dswiglu,
+``tex_dglu_<act>``, the gated ones on (rows, [width/2 | width/2]) rows: ``tex_dglu_silu`` is dswiglu,
 ``tex_dglu_gelu`` TE's tanh dgeglu)
 and norm backwards (``tex_rms_norm_bwd``, ``tex_layer_norm_bwd``: dx and dgamma (+ dbeta)).
 ``tex_sgd`` and ``tex_adam`` are the optimizer steps on one flat tensor (in place: the parameters
@@ -105,28 +105,28 @@ def _placed(a, offset):
     return b
 
 
-def _tex_calls(mod, op: str, dtype: str, rows: int, offset=None):
-    """tex_softmax* / tex_softmax_bwd on ``mod``: scale 0.125, a 20 % uint8 mask, causal rows of
-    4096 (square blocks), out= as for the other cases."""
+def _tex_calls(mod, op: str, dtype: str, rows: int, offset=None, width: int = 4096):
+    """The tex_* cases on (rows, width) (tex_softmax*: scale 0.125, a 20 % uint8 mask, causal
+    square blocks), out= as for the other cases."""
     rng = np.random.default_rng(0)
-    x, bf = _native(_placed(rng.standard_normal((rows, 4096), np.float32).astype(dtype), offset))
+    x, bf = _native(_placed(rng.standard_normal((rows, width), np.float32).astype(dtype), offset))
     kw = {"dtype": bf} if bf else {}
     out = _out_like(x, offset)
     if op.startswith("tex_dglu_"):  # TE's gated derivatives (dswiglu: tex_dglu_silu): [a | b] rows, grad (rows, 2048)
-        g = _out_like(x[:, :2048], offset)
-        g[...] = x[::-1, 1024:3072]
+        g = _out_like(x[:, :width // 2], offset)
+        g[...] = x[::-1, width // 4:width // 4 + width // 2]
         kind = mod.DACT_CODES[op[len("tex_dglu_"):]]
         return lambda: mod.dglu(g, x, out, kind, **kw)
     if op.startswith("tex_d"):  # tex_d<act>, tex_dbias_d<act>
         g = _out_like(x, offset)
         g[...] = x[::-1]
         kind = mod.DACT_CODES[op.rsplit("_d", 1)[1]]
-        db = np.zeros(4096, np.float32) if op.startswith("tex_dbias_d") else None
+        db = np.zeros(width, np.float32) if op.startswith("tex_dbias_d") else None
         return lambda: mod.dact(g, x, out, kind, db, **kw)
     if op in ("tex_rms_norm_bwd", "tex_layer_norm_bwd"):  # dx, dgamma (+ dbeta) from dz, x
         dz = _out_like(x, offset)
         dz[...] = x[::-1]
-        gamma = _placed(np.ones(4096, np.float32).astype(dtype), offset)
+        gamma = _placed(np.ones(width, np.float32).astype(dtype), offset)
         gamma = _native(gamma)[0]
         rs = np.ones(rows, np.float32)
         dg = np.empty_like(gamma)
@@ -151,16 +151,17 @@ def _tex_calls(mod, op: str, dtype: str, rows: int, offset=None):
         dy[...] = x[::-1]
         return lambda: mod.tex_softmax_bwd(dy, x, out, 0.125, **kw)
     mode, heads, sq = TEX_SOFTMAX[op]
+    sq = width if mode == 2 else sq  # causal: square blocks
     sq = rows // heads if not sq or rows % sq else sq  # small --rows: one causal block
-    mask = (rng.random((1, sq, 4096)) < 0.2).astype(np.uint8) if mode == 1 else None
+    mask = (rng.random((1, sq, width)) < 0.2).astype(np.uint8) if mode == 1 else None
     return lambda: mod.tex_softmax(x, out, 0.125, mode, mask, heads, sq, 0, **kw)
 
 
-def calls(mod, op: str, dtype: str, rows: int, offset=None):
+def calls(mod, op: str, dtype: str, rows: int, offset=None, width: int = 4096):
     """A no-argument call of ``op`` on ``mod`` with the benchmark's case, out= given (np.empty's,
     or ``offset`` bytes past a 64-byte boundary)."""
     if op.startswith("tex_"):
-        return _tex_calls(mod, op, dtype, rows, offset)
+        return _tex_calls(mod, op, dtype, rows, offset, width)
     case = bench_case(op, dtype, rows)
     x, bf = _native(_placed(case.x, offset))
     args = [_native(_placed(a, offset))[0] if isinstance(a, np.ndarray) else a for a in case.args]
@@ -183,6 +184,8 @@ def main(argv=None) -> None:
     ap.add_argument("--dtypes", nargs="+", default=["float32", "bfloat16"])
     ap.add_argument("--rows", type=int, default=8192)
     ap.add_argument("--rounds", type=int, default=9)
+    ap.add_argument("--width", type=int, default=4096,
+                    help="row length of the tex_* cases (TE's training norms: 1024); the facade cases keep theirs")
     ap.add_argument("--copies", type=int, default=2, help="loaded copies of each build (see above)")
     ap.add_argument("--out-offset", type=int, default=None,
                     help="every array at page + 64 + this (0: aligned, as torch's); "
@@ -197,7 +200,7 @@ def main(argv=None) -> None:
                 shutil.copyfile(path, copy)
                 mods.append(load_other(copy))
             builds[name] = mods
-        fns = {(op, dt, name, c): calls(m, op, dt, args.rows, args.out_offset)
+        fns = {(op, dt, name, c): calls(m, op, dt, args.rows, args.out_offset, args.width)
                for op in args.ops for dt in args.dtypes for name, mods in builds.items() for c, m in enumerate(mods)}
         t = _bench.time_rounds(fns, 0, args.rounds)
     print(f"# this build: {_cpp.__file__}\n# other: {args.other}\n# {args.rounds} interleaved rounds, "
