@@ -149,15 +149,20 @@ def test_cpp_adapter_views_are_the_tensors_memory(dtype):
     """default.cpp's adapters view their tensors in one native call (_cpp_base._views): each
     view is the tensor's own memory and values (bfloat16 as ml_dtypes' bfloat16, or its int16
     bits where _np made them); a call holding a tensor the native call declines (an empty
-    one) views every tensor through _np instead; None passes."""
+    one) or a subclass other than nn.Parameter views every tensor through _np instead; None
+    passes."""
     from tensor_ops.backends import cpp
     from tensor_ops.tex import _cpp_base as B
     ok, why = cpp.availability()
     if not ok:
         pytest.skip(f"the cpp backend is unavailable: {why}")
+    class Sub(torch.Tensor):
+        pass
+
     x = T.rand((3, 5), dtype, seed=1)
     w = T.rand((5,), dtype, seed=2)
-    for ts in ((x, None, w), (x, torch.empty(0, dtype=dtype), w)):
+    p = torch.nn.Parameter(w.clone())
+    for ts in ((x, None, w, p), (x, torch.empty(0, dtype=dtype), w), (x, w.as_subclass(Sub))):
         vs = B._views(*ts)
         assert len(vs) == len(ts)
         for t, v in zip(ts, vs):

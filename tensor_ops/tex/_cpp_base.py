@@ -25,6 +25,7 @@ def _np(t):
 
 
 _VIEWS: list = [None]  # the cpp module's _torch_views, bound on the first _views call
+_EXACT = (torch.Tensor, torch.nn.Parameter)
 
 
 def _views(*ts) -> tuple:
@@ -33,8 +34,11 @@ def _views(*ts) -> tuple:
     (``tensor_ops._cpp._torch_views``, cpp_ext/torch_entry.cpp). Why: ``t.detach().numpy()``
     costs ~1.5-2.4 us a tensor in torch 2.13 and a layernorm_fwd makes six views, ~12 of its
     ~31 us on an 8-row call; the native call made them in 3.3 us (Zen 4, timeit). Where it
-    declines (an empty tensor, a negative bit, another dtype: see torch_entry.cpp), each tensor
-    goes through :func:`_np`, which raises as before."""
+    declines (an empty tensor, a negative bit, another dtype: see torch_entry.cpp), or where a
+    tensor is of a subclass other than ``nn.Parameter`` (a wrapper subclass's ``data_ptr`` need
+    not hold its values), each tensor goes through :func:`_np`, which raises as before."""
+    if not all(t is None or type(t) in _EXACT for t in ts):
+        return tuple(None if t is None else _np(t) for t in ts)
     tv = _VIEWS[0]
     if tv is None:
         from tensor_ops import _torch_facade
