@@ -78,8 +78,9 @@ def _native(a):
     return a, None
 
 
-#: TE's scaled softmax (tex, softmax.cpp's kernel) on (rows, 4096): mode, heads, sq of each case
-TEX_SOFTMAX = {"tex_softmax": (0, 1, 1), "tex_softmax_mask": (1, 16, None), "tex_softmax_causal": (2, 1, 4096)}
+#: TE's scaled softmax (tex, softmax.cpp's kernel) on (rows, width): mode, heads, sq of each case
+#: (None: rows / heads; the causal case's square blocks take sq = width)
+TEX_SOFTMAX = {"tex_softmax": (0, 1, 1), "tex_softmax_mask": (1, 16, None), "tex_softmax_causal": (2, 1, None)}
 
 
 def _out_like(a, offset):
@@ -151,7 +152,8 @@ def _tex_calls(mod, op: str, dtype: str, rows: int, offset=None, width: int = 40
         dy[...] = x[::-1]
         return lambda: mod.tex_softmax_bwd(dy, x, out, 0.125, **kw)
     mode, heads, sq = TEX_SOFTMAX[op]
-    sq = width if mode == 2 else sq  # causal: square blocks
+    if mode == 2:
+        sq = width  # causal: square blocks
     sq = rows // heads if not sq or rows % sq else sq  # small --rows: one causal block
     mask = (rng.random((1, sq, width)) < 0.2).astype(np.uint8) if mode == 1 else None
     return lambda: mod.tex_softmax(x, out, 0.125, mode, mask, heads, sq, 0, **kw)
