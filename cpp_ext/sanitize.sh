@@ -28,5 +28,9 @@ echo "sanitize: LD_PRELOAD=$LIBASAN $LIBUBSAN"
 export ASAN_OPTIONS="detect_leaks=0:abort_on_error=1:strict_string_checks=1:detect_stack_use_after_return=1"
 export UBSAN_OPTIONS="print_stacktrace=1:halt_on_error=1"
 export TENSOR_OPS_BACKEND=cpp
-LD_PRELOAD="$LIBASAN $LIBUBSAN" python -m pytest -q -p no:cacheprovider -p no:randomly \
+# -p no:faulthandler: pytest's faulthandler takes SIGSEGV first and runs ASan's handler on its small
+# alternate stack, where ASan's report dies as "nested bug in the same thread" with no stack
+# (`LD_PRELOAD=libasan.so python -X faulthandler -c "import ctypes; ctypes.string_at(0)"`);
+# without it a crash prints ASan's SEGV report and stack.
+LD_PRELOAD="$LIBASAN $LIBUBSAN" python -m pytest -q -p no:cacheprovider -p no:randomly -p no:faulthandler \
     tests/test_cpp.py tests/test_conformance.py -k "cpp or not conformance" "$@"

@@ -2,14 +2,13 @@
 // kernel for the facade's softmax and TransformerEngine's scaled softmax (plain / masked /
 // causal, tex), and TE's backward, which tensor_ops.torch's autograd uses too.
 //
-// Three passes over a row that stays in cache: the max of the logits z (from memory); e =
-// exp(z - max), z recomputed from the cached row, written to a per-thread fp32 scratch row
-// while summing; y = e * (1/sum). The scratch (not y) holds e so 16-bit outputs are rounded
-// once, and so the final write can be a non-temporal store (writing y twice, once cached and
-// once streamed, measured 30% slower at 8192x4096). The next row is prefetched across the
-// last two passes (rowio.h Prefetch; prefetching during the exp pass alone left the write
-// pass reading nothing). NaN in a row, or +Inf (Inf - Inf), gives a NaN row, as the float64
-// formula does.
+// Two passes over a row that stays in cache (softmax_row says why two): e = exp(z - c), c a
+// shift near the row's max, written to a per-thread fp32 scratch row while summing (and the
+// row's max found); y = e * (1/sum). The scratch (not y) holds e so 16-bit outputs are
+// rounded once, and so the final write can be a non-temporal store (writing y twice, once
+// cached and once streamed, measured 30% slower at 8192x4096). The next row is prefetched
+// across both passes (rowio.h Prefetch). NaN in a row, or +Inf (Inf - Inf), gives a NaN row,
+// as the float64 formula does.
 #include <cstring>
 #include <type_traits>
 
@@ -40,12 +39,42 @@ inline void prefetch_l2(const void* p, int bytes) {
 
 // One row: yr[0, len) = softmax(z[0, len)), yr[len, n) = 0 (TE's causal rows), len >= 1.
 // z(i) gives the logits of lanes [i, i+W), zp(i, k) those of a partial vector (lanes >= k
-// anything: they are dropped here). e: n floats of scratch. KEEP: the max pass stores z in e
-// and the exp pass reads it back, for logits that cost more to recompute than a load: the
-// mask's on 16-bit data (aligned out=, 3 copies of each build against the two-kernel build:
-// bf16 masked recomputed 0.85x, kept 0.99-1.00x; fp32 kept 0.92-0.93x, recomputed 0.97-1.00x).
+// anything: they are dropped here). e: n floats of scratch.
+//
+// Two passes over the row, not three: softmax(z) = e^(z - c) / sum e^(z - c) for any shift
+// c, so the exp pass shifts by c = the max of the row's first SHIFT_LANES logits (a short
+// pass, from cache afterwards) and finds the row's max M as it goes, instead of a whole max
+// pass first. The max pass cost bf16 as much as the store it saved: bf16 softmax ran 0.46-0.56
+// of the ceiling, bound by instructions (the logits widened twice, 8192 x 4096 in 3.5-4.1 ms
+// against the copy's 2.0). Where M - c > SHIFT_MAX (or M is NaN / Inf, or c is -Inf) the exp
+// pass runs again with c = M, the three-pass result: within SHIFT_MAX the shift's cost is
+// the argument's rounding, |z - c| 2^-24 <= 7e-7 relative (fp32's rtol is 1.3e-6), and
+// e^(z - c) <= e^12 per lane keeps the fp32 sums far from overflow. NaN anywhere gives a
+// NaN row (e^NaN joins the sum), +Inf a NaN row (Inf - Inf), as the float64 formula does.
+// KEEP: the three passes, the first over the whole row storing z in e (c is then the row's
+// max) and the exp pass reading it back, for logits that cost more to recompute than a load:
+// the mask's on 16-bit data (aligned out=, 3 copies of each build against the two-kernel
+// build: bf16 masked recomputed 0.85x, kept 0.99-1.00x). The two-pass form ran it 0.83-0.87x
+// (fp16, ab_builds.py --ops tex_softmax_mask --copies 2 --rounds 9, Zen 4): its exp pass then
+// waits on memory with the mask's and the conversion's arithmetic, where the first pass alone
+// had streamed the row in.
+constexpr int64_t SHIFT_LANES = 256;
+constexpr float SHIFT_MAX = 12.0f;
+
 template <bool KEEP, class T, class Z, class ZP>
-inline void softmax_row(T* yr, int64_t n, int64_t len, float* e, bool nt, Prefetch pf, const Z& z_, const ZP& zp_) {
+__attribute__((flatten)) inline void softmax_row(T* yr, int64_t n, int64_t len, float* e, bool nt, Prefetch pf,
+                                                 const Z& z_, const ZP& zp_) {
+    constexpr bool LP = sizeof(T) == 2;  // a 16-bit output: vexp_shift's cheaper form
+    // AVX-512 fp16 rows without a causal tail, on a core that executes 512-bit instructions
+    // whole (g_softmax_exp_twice, kernels.h): exp computed again in the write pass instead of
+    // stored in e and read back (the same bits: the same lane-wise function of the same logits).
+    // The write pass then spaces its streaming stores with the exp's arithmetic instead of
+    // bursting them (perf annotate, one thread: 42 % of the kernel's samples on the write pass's
+    // vcvtps2ph / vmovntdq). ab_builds.py --ops softmax --copies 3 --rounds 11, Intel Cascade
+    // Lake: avx512 fp16 1.18x in three runs (tex_softmax 1.13x), bf16 0.88x (its widen and pack
+    // make the second exp too dear), the AVX2 variant's fp16 0.92x. On Zen 4, which splits
+    // each 512-bit instruction in two, the second exp is the loss: the stored form is 1.50x
+    // (softmax) and 1.54x (tex_softmax) faster there (ab_builds.py --copies 3 --rounds 9).
     const auto z = [&](int64_t i) {
         if (!KEEP) return z_(i);
         const V v = z_(i);
@@ -61,62 +90,76 @@ inline void softmax_row(T* yr, int64_t n, int64_t len, float* e, bool nt, Prefet
     // the exp pass's logits: recomputed, or the stored ones
     const auto z2 = [&](int64_t i) { return KEEP ? vload(e + i) : z_(i); };
     const auto zp2 = [&](int64_t i, int64_t k) { return KEEP ? vload_part(e + i, k, 0.f) : zp_(i, k); };
-    constexpr bool LP = sizeof(T) == 2;  // a 16-bit output: vexp_shift's cheaper form
-    // AVX-512 fp16 rows without a causal tail, on a core that executes 512-bit instructions
-    // whole (g_softmax_exp_twice, kernels.h): exp computed again in the write pass instead of
-    // stored in e and read back (the same bits: the same lane-wise function of the same logits).
-    // The write pass then spaces its streaming stores with the exp's arithmetic instead of
-    // bursting them (perf annotate, one thread: 42 % of the kernel's samples on the write pass's
-    // vcvtps2ph / vmovntdq). ab_builds.py --ops softmax --copies 3 --rounds 11, Intel Cascade
-    // Lake: avx512 fp16 1.18x in three runs (tex_softmax 1.13x), bf16 0.88x (its widen and pack
-    // make the second exp too dear), the AVX2 variant's fp16 0.92x. On Zen 4, which splits
-    // each 512-bit instruction in two, the second exp is the loss: the stored form is 1.50x
-    // (softmax) and 1.54x (tex_softmax) faster there (ab_builds.py --copies 3 --rounds 9).
     const bool rc = !KEEP && TO_ISA == 2 && std::is_same_v<T, f16> && len == n && g_softmax_exp_twice;
     const float ninf = -__builtin_inff();
     alignas(64) float t[W];
-    V m0 = vset(ninf), m1 = vset(ninf);
-    int64_t i = 0;
-    for (; i + 2 * W <= len; i += 2 * W) {
-        m0 = vmax(m0, z(i));
-        m1 = vmax(m1, z(i + W));
-    }
-    for (; i < len; i += W) {
-        const int64_t k = len - i < W ? len - i : W;
-        if (k == W) {
-            m0 = vmax(m0, z(i));
-        } else {
-            vstore(t, zp(i, k));
-            m0 = vmax(m0, vload_part(t, k, ninf));
-        }
-    }
-    const V vm = vset(hmax(vmax(m0, m1)));
-    double sum = 0.0;
-    i = 0;
-    while (i < len) {
-        const int64_t end = (len - i > 1024) ? i + 1024 : len;
-        // Two independent chains: exp is ~15 dependent instructions deep.
-        V s0 = vset(0.0f), s1 = vset(0.0f);
+    // lanes [0, k) of a partial vector, the rest -Inf (for the max)
+    const auto vmax_part = [&](V v, int64_t k) {
+        vstore(t, v);
+        return vload_part(t, k, ninf);
+    };
+    float c;
+    {
+        const int64_t end = (KEEP || len < SHIFT_LANES) ? len : SHIFT_LANES;
+        V m0 = vset(ninf), m1 = vset(ninf);
+        int64_t i = 0;
         for (; i + 2 * W <= end; i += 2 * W) {
-            pf();
-            V v0 = vexp_shift<LP>(z2(i), vm), v1 = vexp_shift<LP>(z2(i + W), vm);
-            if (!rc) {
-                vstore(e + i, v0);
-                vstore(e + i + W, v1);
-            }
-            s0 = s0 + v0;
-            s1 = s1 + v1;
+            m0 = vmax(m0, z(i));
+            m1 = vmax(m1, z(i + W));
         }
-        for (; i < end; i += W) {
-            const int64_t k = end - i < W ? end - i : W;
-            V v = vexp_shift<LP>(k == W ? z2(i) : zp2(i, k), vm);
-            st(e + i, v, k);
-            if (k < W) v = vload_part(e + i, k, 0.0f);  // padded lanes must not count
-            s0 = s0 + v;
-        }
-        i = end;
-        sum += (double)hsum(s0 + s1);
+        for (; i + W <= end; i += W) m0 = vmax(m0, z(i));
+        if (i < end) m0 = vmax(m0, vmax_part(zp(i, end - i), end - i));
+        c = hmax(vmax(m0, m1));
     }
+    // e = e^(z - c) over the row (stored unless rc), its sum; the row's max when `track`
+    // (a constant: std::true_type / false_type)
+    const auto exp_pass = [&](float shift, auto track_c, float& mx) {
+        constexpr bool track = decltype(track_c)::value;
+        const V vc = vset(shift);
+        V m0 = vset(ninf), m1 = vset(ninf);
+        double sum = 0.0;
+        int64_t i = 0;
+        while (i < len) {
+            const int64_t end = (len - i > 1024) ? i + 1024 : len;
+            // Two independent chains: exp is ~15 dependent instructions deep.
+            V s0 = vset(0.0f), s1 = vset(0.0f);
+            for (; i + 2 * W <= end; i += 2 * W) {
+                pf();
+                const V z0 = z2(i), z1 = z2(i + W);
+                if constexpr (track) {
+                    m0 = vmax(m0, z0);
+                    m1 = vmax(m1, z1);
+                }
+                const V v0 = vexp_shift<LP>(z0, vc), v1 = vexp_shift<LP>(z1, vc);
+                if (!rc) {
+                    vstore(e + i, v0);
+                    vstore(e + i + W, v1);
+                }
+                s0 = s0 + v0;
+                s1 = s1 + v1;
+            }
+            for (; i < end; i += W) {
+                const int64_t k = end - i < W ? end - i : W;
+                const V zz = k == W ? z2(i) : zp2(i, k);
+                if constexpr (track) m0 = vmax(m0, k == W ? zz : vmax_part(zz, k));
+                V v = vexp_shift<LP>(zz, vc);
+                st(e + i, v, k);
+                if (k < W) v = vload_part(e + i, k, 0.0f);  // padded lanes must not count
+                s0 = s0 + v;
+            }
+            i = end;
+            sum += (double)hsum(s0 + s1);
+        }
+        if constexpr (track) mx = hmax(vmax(m0, m1));
+        return sum;
+    };
+    float mx = c;
+    double sum = KEEP ? exp_pass(c, std::false_type{}, mx) : exp_pass(c, std::true_type{}, mx);
+    if (!KEEP && !(mx - c <= SHIFT_MAX)) {  // far above the shift, Inf or NaN: shift by the row's max
+        c = mx;
+        sum = exp_pass(c, std::false_type{}, mx);
+    }
+    const V vm = vset(c);
     const V inv = vset((float)(1.0 / sum));
     if (rc) {
         write_row(

@@ -606,6 +606,33 @@ def test_softmax_exp_across_the_exponent_range(C):
     assert abs(y.sum() - 1) < 1e-6
 
 
+@pytest.mark.parametrize("dt", DTYPES)
+def test_softmax_shift_from_the_first_lanes(C, dt):
+    """softmax_row shifts every exp by the max of the row's first 256 logits and finds the
+    row's max in the same pass; a row whose max lies more than 12 above that shift (or is NaN
+    or Inf) has its exp pass run again shifted by its max. Rows on both sides of the bound,
+    the max past lane 256 (11.5, 12.5 and 100 above the first lanes'), a late +Inf or NaN,
+    first lanes at -Inf, against float64, for the facade's softmax and TE's scaled one (scale
+    0.5, the bound then applies to x * 0.5). Without the second pass the 100 row overflows."""
+    rng = np.random.default_rng(7)
+    n = 1000
+    x0 = rng.uniform(-1.0, 1.0, (8, n))
+    x0[0, 700] = 11.5   # within the bound: the first pass's shift stands
+    x0[1, 700] = 12.5   # just past it: shifted again by the row's max
+    x0[2, 999] = 100.0  # e^99 overflows fp32 unless shifted by the max
+    x0[3, 300] = np.inf
+    x0[4, 300] = np.nan
+    x0[5, :256] = -np.inf  # the shift itself is -Inf
+    x0[6, :] = -np.inf     # every logit -Inf: NaN, as float64 (-Inf - -Inf)
+    x0[7, 256:] += 40.0    # the whole rest of the row far above the first lanes
+    x, xv, kw = as_dtype(x0, dt)
+    with np.errstate(invalid="ignore"):
+        check(C.softmax(x, None, **kw), ref.softmax(xv), dt)
+        out = np.empty_like(x)
+        C.tex_softmax(x, out, 0.5, 0, **kw)
+        check(out, ref.softmax(xv * 0.5), dt)
+
+
 def test_fp16_overflow_to_inf_and_subnormals(C):
     with np.errstate(over="ignore"):
         xh = np.array([[70000.0, -70000.0, 1e-6, -3e-7, 6e-5]], np.float32).astype(np.float16)
