@@ -81,10 +81,11 @@ def build_plan(detected: dict) -> list[tuple[str, list, str]]:
     cu, cl = detected.get("cuda", {}), detected.get("opencl", {})
     no_gpu = "" if cu.get("available") else (f"no CUDA device visible ({cu.get('reason')}): nothing here would use "
                                              "the fatbin (`python setup.py build_cuda` builds it anyway)")
+    no_cl = "" if cl.get("available") else f"no usable OpenCL device: {cl.get('reason')}"
     return [
         ("cpp", py + ["build_ext", "--inplace"], "" if have_cxx else "no C++ compiler (g++/clang++) on PATH"),
         ("cuda", py + ["build_cuda"], "nvcc not found on PATH" if not nvcc else no_gpu),
-        ("opencl", py + ["build_opencl"], "" if cl.get("available") else f"no OpenCL device: {cl.get('reason')}"),
+        ("opencl", py + ["build_opencl"], no_cl),
     ]
 
 

@@ -136,7 +136,7 @@ void glu2_k(const void* av, const void* bv, void* yv, int64_t rows, int64_t h, i
 // and tanh-GELU copies at 30-43 ms where these take 16-20; fp16 tanh-GELU 2.45 / 2.01x; where
 // the alternating form ran well, fp16 silu 0.98 / 0.80x, fp32 0.87-1.05x. Same bits either way.
 // AVX-512 builds keep the alternating form: the line-at-a-time one (two 16-bit vectors per
-// line) ran 0.88-0.93x in bf16 / fp16 on a Zen 4 (the same ab_builds.py ops, --copies 2
+// line) ran 0.88-0.93x in bf16 / fp16 on a Zen 5 (the same ab_builds.py ops, --copies 2
 // --rounds 9, np.empty's placement; fp32, a vector per line, the same code: 1.02-1.05x).
 template <class T, int ACT>
 void gated_bwd_k(const void* dyv, const void* av, const void* bv, void* dav, void* dbv, int64_t rows, int64_t h,

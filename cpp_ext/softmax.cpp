@@ -55,7 +55,7 @@ inline void prefetch_l2(const void* p, int bytes) {
 // max) and the exp pass reading it back, for logits that cost more to recompute than a load:
 // the mask's on 16-bit data (aligned out=, 3 copies of each build against the two-kernel
 // build: bf16 masked recomputed 0.85x, kept 0.99-1.00x). The two-pass form ran it 0.83-0.87x
-// (fp16, ab_builds.py --ops tex_softmax_mask --copies 2 --rounds 9, Zen 4): its exp pass then
+// (fp16, ab_builds.py --ops tex_softmax_mask --copies 2 --rounds 9, Zen 5): its exp pass then
 // waits on memory with the mask's and the conversion's arithmetic, where the first pass alone
 // had streamed the row in.
 constexpr int64_t SHIFT_LANES = 256;

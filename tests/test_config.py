@@ -166,3 +166,26 @@ def test_test_capabilities_records_detection(tmp_path):
     det = json.loads(cfg.read_text())["detected"]
     assert set(det) >= {"cpu", "openmp", "compilers", "cuda", "opencl"}
     assert "avx2" in det["cpu"]["isa"]
+
+
+def test_opencl_detection_asks_each_device_to_compile():
+    """A device is usable only if its compiler builds a one-line kernel (PoCL 3.0 cannot for an
+    AMD Zen 5 CPU: "unknown target CPU 'generic'"); with none usable the one-shot skips
+    build_opencl with that reason instead of failing on our kernels."""
+    from tensor_ops._build import capabilities
+    d = capabilities.detect_opencl()
+    devs = d.get("devices", [])
+    assert d["available"] == any(x["compile_error"] is None for x in devs)
+    if devs and not d["available"]:
+        assert all(x["compile_error"] in d["reason"] for x in devs)
+    sys.path.insert(0, str(ROOT))
+    try:
+        import detect_and_benchmark as dab
+    finally:
+        sys.path.remove(str(ROOT))
+    plan = {name: skip for name, _, skip in dab.build_plan(
+        {"compilers": {}, "cuda": {}, "opencl": {"available": False, "reason": "its compiler said no"}})}
+    assert plan["opencl"] == "no usable OpenCL device: its compiler said no"
+    plan = {name: skip for name, _, skip in dab.build_plan(
+        {"compilers": {}, "cuda": {}, "opencl": {"available": True}})}
+    assert plan["opencl"] == ""

@@ -109,13 +109,48 @@ def detect_cuda() -> dict:
         return {"available": False, "reason": f"probe failed: {out[-300:]}"}
 
 
+# A device whose OpenCL compiler cannot build a one-line kernel is listed but not available:
+# PoCL 3.0's LLVM 14 names an AMD Zen 5 CPU (family 26) "generic" and then rejects that name
+# ("unknown target CPU 'generic'") for every program, so setup.py build_opencl could only fail.
+# The probe tells that apart from a failure in our kernels, which still fails the build.
+_OPENCL_PROBE = """\
+import json, sys
+try:
+    import pyopencl as cl
+except Exception as e:
+    print(json.dumps({'available': False, 'reason': 'pyopencl not installed (' + type(e).__name__ + ')'})); sys.exit()
+try:
+    plats = cl.get_platforms()
+except Exception as e:
+    print(json.dumps({'available': False, 'reason': 'no OpenCL platform: ' + str(e)})); sys.exit()
+def compile_error(d):
+    try:
+        cl.Program(cl.Context([d]), '__kernel void k(__global float* a) { a[0] = 1.0f; }').build()
+        return None
+    except Exception as e:
+        lines = [ln.strip() for ln in str(e).splitlines() if 'error' in ln.lower()]
+        return (lines[-1] if lines else str(e).strip().splitlines()[-1])[:200]
+devs = []
+for p in plats:
+    for d in p.get_devices():
+        devs.append({'platform': p.name, 'device': d.name, 'type': cl.device_type.to_string(d.type),
+                     'fp16': 'cl_khr_fp16' in d.extensions, 'driver': d.driver_version,
+                     'compile_error': compile_error(d)})
+ok = [d for d in devs if d['compile_error'] is None]
+reason = None
+if not devs:
+    reason = 'no OpenCL device'
+elif not ok:
+    reason = '; '.join(f"{d['device']} [{d['platform']}]: its OpenCL compiler cannot build a one-line kernel "
+                       f"({d['compile_error']})" for d in devs)
+print(json.dumps({'available': bool(ok), 'devices': devs, 'reason': reason}))
+"""
+
+
 def detect_opencl() -> dict:
-    code = ("import json,sys\n"
-            "try:\n import pyopencl as cl\nexcept Exception as e:\n print(json.dumps({'available':False,'reason':'pyopencl not installed ('+type(e).__name__+')'}));sys.exit()\n"
-            "try:\n plats=cl.get_platforms()\nexcept Exception as e:\n print(json.dumps({'available':False,'reason':'no OpenCL platform: '+str(e)}));sys.exit()\n"
-            "devs=[{'platform':p.name,'device':d.name,'type':cl.device_type.to_string(d.type),'fp16':'cl_khr_fp16' in d.extensions,'driver':d.driver_version} for p in plats for d in p.get_devices()]\n"
-            "print(json.dumps({'available':bool(devs),'devices':devs,'reason':None if devs else 'no OpenCL device'}))\n")
-    rc, out = _run([sys.executable, "-c", code], timeout=120)
+    """OpenCL platforms and devices, each with whether its compiler builds a trivial kernel;
+    available when one does (in a subprocess: a broken ICD cannot take this process down)."""
+    rc, out = _run([sys.executable, "-c", _OPENCL_PROBE], timeout=120)
     import json
     try:
         return json.loads(out.splitlines()[-1])
@@ -138,8 +173,9 @@ def format_table(d: dict) -> str:
     rows.append(("CUDA devices", ", ".join(f"{x['name']} (sm_{x['cc'].replace('.', '')})" for x in cu.get("devices", []))
                  if cu.get("available") else f"none: {cu.get('reason')}"))
     cl = d["opencl"]
-    rows.append(("OpenCL devices", ", ".join(f"{x['device']} [{x['platform']}]" for x in cl.get("devices", []))
-                 if cl.get("available") else f"none: {cl.get('reason')}"))
+    rows.append(("OpenCL devices", ", ".join(f"{x['device']} [{x['platform']}]" for x in cl.get("devices", [])
+                                             if not x.get("compile_error"))
+                 if cl.get("available") else f"none usable: {cl.get('reason')}"))
     w = max(len(r[0]) for r in rows)
     return "\n".join(f"{k:<{w}}  {v}" for k, v in rows)
 
