@@ -48,9 +48,9 @@ set +e
 run_tests "$@"
 rc=$?
 set -e
-# A run killed by a signal that left no sanitizer report (twice in CI replicas of 2026-12-02: a
-# SIGSEGV at the first native call, then a SIGABRT before the first test, neither reproduced in
-# 3 + 4 reruns) runs once more, said loudly; a report, or a test failure, fails at once.
+# A run killed by a signal that left no sanitizer report (twice in CI replicas of 2026-12-02,
+# before reports went to files; the third replica's report is the fake-stack fault above) runs
+# once more, said loudly; a report, or a test failure, fails at once.
 if [[ $rc -ge 128 && -z "$(reports)" ]]; then
     echo "sanitize: pytest died by signal $((rc - 128)) with no sanitizer report; running once more"
     set +e
