@@ -296,21 +296,26 @@ py::object rope(const py::object& x_, const py::object& cos_, const py::object& 
     const int64_t tab_row = 2 * n * (int64_t)sizeof(float);  // bytes of cos + sin per position
     if (B > 1 && rows % T == 0) {
         // Several sequences (heads) over the same positions. The (T, n) tables are walked in
-        // blocks of P positions (~256 KiB of cos + sin, or all of them), each block run for
-        // every sequence while it is in L2, so each table byte comes from memory once and x is
-        // read in contiguous runs of P rows. Row-major order re-streamed the tables B times
-        // (0.7 of copy on 8 x 1024 x 4096); one position at a time over all sequences read x in
-        // B scattered 512-byte pieces per position, which defeated the prefetchers and the
+        // blocks of P positions (g_rope_block bytes of cos + sin, or all of them), each block run
+        // for every sequence while it is in cache, so each table byte comes from memory once
+        // and x is read in contiguous runs of P rows. Row-major order re-streamed the tables B
+        // times (0.7 of copy on 8 x 1024 x 4096); one position at a time over all sequences read
+        // x in B scattered 512-byte pieces per position, which defeated the prefetchers and the
         // write-combining of the streaming stores (0.08-0.22 of the ceiling on the LLM layout
-        // 32 x 8192 x 128). Within a block, G sequences go together position by position, so
-        // that a table row read from L2 serves G rows of x from L1 (a table row per x row from
-        // L2 held 128-wide rope at ~0.8 of the ceiling, against ~1.0 with the tables in L1);
-        // G streams of x and of y each stay few enough for the prefetchers.
-        const int64_t P = tab_row >= (256 << 10) ? 1 : std::min<int64_t>(T, (256 << 10) / tab_row);
+        // 32 x 8192 x 128). Within a block, G = g_rope_group sequences go together position by
+        // position, so that a table row read from L2/L3 serves G rows of x from L1.
+        // The runs' length is what the memory side sees: on an AMD Zen 5 (2026-12-02, 32 x 8192
+        // x 128, median of 15 rounds against the streaming copy, /tmp/rope_scan.py-style scan
+        // of _set_tuning(rope_group=, rope_block=)) 256 KiB blocks (runs of 64-128 KiB per
+        // head) held rope at 0.45-0.64 of the ceiling, 2 MiB blocks (runs of 512 KiB-1 MiB) at
+        // 0.74-0.91; and G = 2 beat 4 by 1.1-1.2x at every block size (4 and 8: 2 G streams of
+        // x and y each were too many there; 1: a table row from L3 per x row, 0.82-0.86). An
+        // earlier host, with 256 KiB blocks, had G = 4 1.29 / 1.53 / 1.55x the head-at-a-time
+        // order and G = 2 1.25 / 1.42 / 1.38x (fp32 / fp16 / bf16). 2 MiB of tables stays in
+        // any L3 (4 MiB measured the same).
+        const int64_t P = tab_row >= g_rope_block ? 1 : std::min<int64_t>(T, g_rope_block / tab_row);
         const int64_t blocks = (T + P - 1) / P;
-        // G = 4 (32 x 8192 x 128 against the head-at-a-time order, in-process A/B: fp32 1.29x,
-        // fp16 1.53x, bf16 1.55x faster with G = 4; 2: 1.25 / 1.42 / 1.38; 8: 1.23 / 1.56 / 1.58).
-        const int64_t G = std::min<int64_t>(4, ROPE_MAX_HEADS);
+        const int64_t G = std::min<int64_t>(g_rope_group, ROPE_MAX_HEADS);
         const int64_t groups = (B + G - 1) / G, units = blocks * groups;
         parallel_units(units, threads_for(2 * bytes, units), [&](int64_t u0, int64_t u1, int) {
             for (int64_t u = u0; u < u1; ++u) {

@@ -51,6 +51,8 @@ py::dict build_info() {
     d["nontemporal_threshold_bytes"] = g_nt_bytes;
     d["softmax_exp_twice"] = g_softmax_exp_twice;
     d["norm_weights_16bit"] = g_norm_w16;
+    d["rope_group"] = g_rope_group;
+    d["rope_block_bytes"] = g_rope_block;
     d["output_cache"] = cache_info();
 #if defined(__clang__)
     d["compiler"] = std::string("clang ") + __clang_version__;
@@ -131,14 +133,16 @@ void register_runtime(py::module_& m) {
     m.def("build_info", &build_info);
     m.def(
         "_set_tuning",
-        [](int64_t par_bytes, int64_t nt_bytes, int softmax_exp_twice, int norm_w16) {
+        [](int64_t par_bytes, int64_t nt_bytes, int softmax_exp_twice, int norm_w16, int64_t rg, int64_t rb) {
+            if (rg > 0) g_rope_group = rg;
+            if (rb > 0) g_rope_block = rb;
             if (par_bytes >= 0) g_par_bytes = par_bytes;
             if (nt_bytes >= 0) g_nt_bytes = nt_bytes;
             if (softmax_exp_twice >= 0) g_softmax_exp_twice = softmax_exp_twice != 0;
             if (norm_w16 >= 0) g_norm_w16 = norm_w16 != 0;
         },
         "parallel_threshold_bytes"_a = -1, "nontemporal_threshold_bytes"_a = -1, "softmax_exp_twice"_a = -1,
-        "norm_w16"_a = -1);
+        "norm_w16"_a = -1, "rope_group"_a = -1, "rope_block"_a = -1);
     m.def("empty_cache", &empty_cache, "Free every cached output block; returns the bytes freed.");
     m.def("empty", &empty, "shape"_a, "dtype"_a);
     m.def("cache_info", &cache_info);

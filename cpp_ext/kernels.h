@@ -27,6 +27,9 @@ enum SoftmaxMode : int { SM_PLAIN = 0, SM_MASK = 1, SM_CAUSAL = 2 };
 // is chosen at import from the CPU (runtime.cpp, cpu_splits_512) and reported by
 // build_info()["softmax_exp_twice"]; _set_tuning(softmax_exp_twice=) overrides it (A/B, tests).
 extern bool g_softmax_exp_twice;
+// rope over several heads (bind_facade.cpp rope): heads per group and bytes of cos + sin per
+// block of positions; _set_tuning(rope_group=, rope_block=).
+extern int64_t g_rope_group, g_rope_block;
 
 struct SgdParams {
     float wd, momentum, dampening, lr, scale;

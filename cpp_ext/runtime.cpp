@@ -69,6 +69,7 @@ int64_t g_nt_bytes = 8 << 20;
 // kernels.h; set by init_runtime from cpu_splits_512().
 bool g_softmax_exp_twice = false;
 bool g_norm_w16 = true;  // runtime.h
+int64_t g_rope_group = 2, g_rope_block = 2 << 20;  // kernels.h; why: bind_facade.cpp rope
 // Default cap: 1 GiB or 1/16 of physical memory, whichever is less (init_runtime).
 int64_t g_cache_min = 1 << 20;
 int64_t g_cache_cap = int64_t(1) << 30;

@@ -166,13 +166,16 @@ def test_rope_misaligned_out_every_shift(C, dt, shift, n):
 @pytest.mark.parametrize("dt", ["float32", "float16"])
 @pytest.mark.parametrize("heads,T,n", [(6, 37, 128), (5, 16, 64), (9, 3, 8), (2, 11, 130)])
 @pytest.mark.parametrize("shift", [0, 4], ids=["aligned", "shifted"])
-def test_rope_head_groups(C, dt, heads, T, n, shift):
+@pytest.mark.parametrize("group,block", [(0, 0), (3, 4096), (8, 1)], ids=["default", "g3-blocks", "g8-rows"])
+def test_rope_head_groups(C, dt, heads, T, n, shift, group, block):
     """(heads, T, n) x with (T, n) tables: heads go through the kernel in groups sharing each
     table row (bind_facade.cpp rope), a head count that is not a multiple of the group, the
     direct and a misaligned out= (spliced on AVX2; streaming stores forced), both layouts, on 2 threads
-    (the (block, group) units split between them)."""
+    (the (block, group) units split between them); the default group and block of positions, and
+    (_set_tuning) groups of 3 over blocks of a few positions and groups of 8 over single
+    positions, so that blocks end inside the table and groups inside the heads."""
     info, nt = C.build_info(), C.get_num_threads()
-    C._set_tuning(0, 0)
+    C._set_tuning(0, 0, rope_group=group or -1, rope_block=block or -1)
     C.set_num_threads(2)
     try:
         cos, sin = rope_tables(T, n, seed=heads)
@@ -187,7 +190,8 @@ def test_rope_head_groups(C, dt, heads, T, n, shift):
             np.testing.assert_allclose(out, want, rtol=tol, atol=2 * tol)
             assert (buf[:start] == 7).all() and (buf[start + x.size:] == 7).all()
     finally:
-        C._set_tuning(info["parallel_threshold_bytes"], info["nontemporal_threshold_bytes"])
+        C._set_tuning(info["parallel_threshold_bytes"], info["nontemporal_threshold_bytes"],
+                      rope_group=info["rope_group"], rope_block=info["rope_block_bytes"])
         C.set_num_threads(nt)
 
 
