@@ -32,6 +32,7 @@ py::dict build_info() {
     cpu["avx512_f_bw_dq_vl"] = cpu_avx512();
     cpu["avx512_bf16"] = cpu_avx512bf16();
     cpu["splits_512"] = cpu_splits_512();
+    cpu["vendor_amd"] = cpu_amd();
     d["cpu_supports"] = cpu;
     d["isa_note"] = g_isa_note;
 #if defined(_OPENMP)

@@ -23,8 +23,8 @@ enum DAct : int { DA_GELU_TANH = 0, DA_SILU = 1, DA_QGELU = 2, DA_RELU = 3, DA_S
 enum SoftmaxMode : int { SM_PLAIN = 0, SM_MASK = 1, SM_CAUSAL = 2 };
 // The AVX-512 fp16 softmax computes exp twice (once for the sum, again in the write pass)
 // instead of storing it and reading it back: the same bits either way. Which is faster
-// depends on how the core executes 512-bit instructions (softmax.cpp softmax_row), so it
-// is chosen at import from the CPU (runtime.cpp, cpu_splits_512) and reported by
+// depends on the core (softmax.cpp softmax_row: Intel's computes, AMD's Zen 4 and Zen 5
+// store), so it is chosen at import from the CPU's vendor (runtime.cpp cpu_amd) and reported by
 // build_info()["softmax_exp_twice"]; _set_tuning(softmax_exp_twice=) overrides it (A/B, tests).
 extern bool g_softmax_exp_twice;
 // rope over several heads (bind_facade.cpp rope): heads per group and bytes of cos + sin per

@@ -112,12 +112,20 @@ bool cpu_avx512bf16() {
 // slots; Intel's AVX-512 cores and Zen 5 (family 0x1a) are taken to execute it whole (our
 // reading of the vendors' descriptions; only Zen 4 and Cascade Lake were measured). Kernels whose
 // best form trades arithmetic for memory traffic choose by it (kernels.h g_softmax_exp_twice).
+bool cpu_amd() {
+#ifdef TO_X86
+    unsigned a = 0, b = 0, c = 0, d = 0;
+    if (!__get_cpuid(0, &a, &b, &c, &d)) return false;
+    return b == 0x68747541u && d == 0x69746e65u && c == 0x444d4163u;  // "AuthenticAMD"
+#else
+    return false;
+#endif
+}
+
 bool cpu_splits_512() {
 #ifdef TO_X86
     unsigned a = 0, b = 0, c = 0, d = 0;
-    if (!cpu_avx512() || !__get_cpuid(0, &a, &b, &c, &d)) return false;
-    const bool amd = b == 0x68747541u && d == 0x69746e65u && c == 0x444d4163u;  // "AuthenticAMD"
-    if (!amd || !__get_cpuid(1, &a, &b, &c, &d)) return false;
+    if (!cpu_avx512() || !cpu_amd() || !__get_cpuid(1, &a, &b, &c, &d)) return false;
     const unsigned family = ((a >> 8) & 0xfu) + (((a >> 8) & 0xfu) == 0xfu ? ((a >> 20) & 0xffu) : 0u);
     return family == 0x19;
 #else
@@ -325,11 +333,14 @@ int set_threads(int n) {
 
 void init_runtime() {
     select_isa();
-    // On a split core the second exp costs more than the stored row's reload (softmax.cpp),
-    // and an fp32 weight is the faster one (bind_facade.cpp NormParams).
-    const bool split = cpu_splits_512();
-    g_softmax_exp_twice = !split;
-    g_norm_w16 = !split;
+    // On AMD's AVX-512 cores the second exp costs more than the stored row's reload
+    // (softmax.cpp; in-process A/B of the two forms, fp16 8192 x 4096: stored 1.50x on Zen 4,
+    // 1.15-1.17x on Zen 5, whose 512-bit pipes are whole; computing twice 1.17x on Intel's
+    // Cascade Lake), and on a split core (Zen 4) an fp32 weight is the faster one
+    // (bind_facade.cpp NormParams; Zen 5 keeps the 16-bit weights: rms / layer / add_rms /
+    // add_layer 0.97-1.14x with them, fp16 and bf16).
+    g_softmax_exp_twice = !cpu_amd();
+    g_norm_w16 = !cpu_splits_512();
 #ifdef TO_HAVE_ATFORK
     pthread_atfork(nullptr, nullptr, at_fork_child);
 #endif

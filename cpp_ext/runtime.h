@@ -50,6 +50,7 @@ void init_runtime();
 bool cpu_avx2();
 bool cpu_avx512();
 bool cpu_avx512bf16();
+bool cpu_amd();         // AuthenticAMD
 bool cpu_splits_512();  // Zen 4: 512-bit instructions as two 256-bit halves
 std::vector<const char*> compiled_variants();  // "scalar" first, then what was built
 struct BuildFlags {

@@ -65,8 +65,8 @@ template <bool KEEP, class T, class Z, class ZP>
 __attribute__((flatten)) inline void softmax_row(T* yr, int64_t n, int64_t len, float* e, bool nt, Prefetch pf,
                                                  const Z& z_, const ZP& zp_) {
     constexpr bool LP = sizeof(T) == 2;  // a 16-bit output: vexp_shift's cheaper form
-    // AVX-512 fp16 rows without a causal tail, on a core that executes 512-bit instructions
-    // whole (g_softmax_exp_twice, kernels.h): exp computed again in the write pass instead of
+    // AVX-512 fp16 rows without a causal tail, on an Intel core (g_softmax_exp_twice,
+    // kernels.h): exp computed again in the write pass instead of
     // stored in e and read back (the same bits: the same lane-wise function of the same logits).
     // The write pass then spaces its streaming stores with the exp's arithmetic instead of
     // bursting them (perf annotate, one thread: 42 % of the kernel's samples on the write pass's
@@ -74,7 +74,9 @@ __attribute__((flatten)) inline void softmax_row(T* yr, int64_t n, int64_t len, 
     // Lake: avx512 fp16 1.18x in three runs (tex_softmax 1.13x), bf16 0.88x (its widen and pack
     // make the second exp too dear), the AVX2 variant's fp16 0.92x. On Zen 4, which splits
     // each 512-bit instruction in two, the second exp is the loss: the stored form is 1.50x
-    // (softmax) and 1.54x (tex_softmax) faster there (ab_builds.py --copies 3 --rounds 9).
+    // (softmax) and 1.54x (tex_softmax) faster there (ab_builds.py --copies 3 --rounds 9);
+    // on Zen 5, whose 512-bit pipes are whole, still 1.15-1.17x (both forms in one process,
+    // _set_tuning(softmax_exp_twice=) alternating, 8192 x 4096, two runs): so AMD stores.
     const auto z = [&](int64_t i) {
         if (!KEEP) return z_(i);
         const V v = z_(i);

@@ -516,14 +516,14 @@ def test_softmax_masked_entries_are_exact_zeros(C):
 @pytest.mark.parametrize("n", [37, 4096], ids=lambda n: f"n{n}")
 def test_softmax_fp16_exp_twice_is_bitwise_the_stored_form(C, n):
     """The AVX-512 fp16 softmax's two forms (exp computed again in the write pass, or stored in
-    the scratch row and read back; chosen at import by whether the core splits 512-bit
-    instructions, build_info()["softmax_exp_twice"]) give the same bits, for the facade and
+    the scratch row and read back; chosen at import by the CPU's vendor: stored on AMD,
+    build_info()["softmax_exp_twice"]) give the same bits, for the facade and
     for TE's scaled softmax, with cached and streaming stores. Elsewhere the flag changes no
     kernel and the two runs are one form twice."""
     info = C.build_info()
     if not info["selected_isa"].startswith("avx512"):
         pytest.skip(f"only the AVX-512 variants have the two forms; this one is {info['selected_isa']}")
-    assert info["softmax_exp_twice"] == (not info["cpu_supports"]["splits_512"])
+    assert info["softmax_exp_twice"] == (not info["cpu_supports"]["vendor_amd"])
     rng = np.random.default_rng(n)
     x = (rng.standard_normal((9, n)) * 4).astype(np.float16)
     x[2, 3] = np.inf
