@@ -305,14 +305,14 @@ py::object rope(const py::object& x_, const py::object& cos_, const py::object& 
         // 32 x 8192 x 128). Within a block, G = g_rope_group sequences go together position by
         // position, so that a table row read from L2/L3 serves G rows of x from L1.
         // The runs' length is what the memory side sees: on an AMD Zen 5 (2026-12-02, 32 x 8192
-        // x 128, median of 15 rounds against the streaming copy, /tmp/rope_scan.py-style scan
-        // of _set_tuning(rope_group=, rope_block=)) 256 KiB blocks (runs of 64-128 KiB per
-        // head) held rope at 0.45-0.64 of the ceiling, 2 MiB blocks (runs of 512 KiB-1 MiB) at
-        // 0.74-0.91; and G = 2 beat 4 by 1.1-1.2x at every block size (4 and 8: 2 G streams of
-        // x and y each were too many there; 1: a table row from L3 per x row, 0.82-0.86). An
-        // earlier host, with 256 KiB blocks, had G = 4 1.29 / 1.53 / 1.55x the head-at-a-time
-        // order and G = 2 1.25 / 1.42 / 1.38x (fp32 / fp16 / bf16). 2 MiB of tables stays in
-        // any L3 (4 MiB measured the same).
+        // x 128, both placements, median of 15 rounds against the streaming copy in one
+        // process, _set_tuning(rope_group=, rope_block=) scanned) G = 4 with 256 KiB blocks (runs
+        // of 64-128 KiB per head) held rope at 0.33-0.75 of the ceiling, G = 2 with 2 MiB blocks
+        // (runs of 512 KiB-1 MiB) at 0.49-0.91, the better in every paired run (ab_builds.py:
+        // 1.11-1.46x). With 2-8 MiB blocks G = 2 beat 4 by 1.15-1.2x (our reading: 2 G streams
+        // of x and y each are too many there), G = 1 reached 0.82-0.88; 4 MiB blocks measured as
+        // 2. An earlier host, with 256 KiB blocks, had G = 4 1.29 / 1.53 / 1.55x the head-at-a-time
+        // order and G = 2 1.25 / 1.42 / 1.38x (fp32 / fp16 / bf16).
         const int64_t P = tab_row >= g_rope_block ? 1 : std::min<int64_t>(T, g_rope_block / tab_row);
         const int64_t blocks = (T + P - 1) / P;
         const int64_t G = std::min<int64_t>(g_rope_group, ROPE_MAX_HEADS);

@@ -66,7 +66,7 @@ int64_t g_par_bytes = 128 * 1024;
 // the output would not have stayed in the last-level cache anyway. 8 MiB: a quarter of the
 // dev box's 32 MiB L3 (sysconf's L3 size is unreliable in VMs: it reports 320 MiB there).
 int64_t g_nt_bytes = 8 << 20;
-// kernels.h; set by init_runtime from cpu_splits_512().
+// kernels.h; set by init_runtime from cpu_amd().
 bool g_softmax_exp_twice = false;
 bool g_norm_w16 = true;  // runtime.h
 int64_t g_rope_group = 2, g_rope_block = 2 << 20;  // kernels.h; why: bind_facade.cpp rope
@@ -107,11 +107,7 @@ bool cpu_avx512bf16() {
 #endif
 }
 
-// Whether the core executes a 512-bit instruction as two 256-bit halves: AMD's Zen 4 (family
-// 0x19, the first AMD with AVX-512) does, so a zmm FMA costs it two of its 256-bit pipe
-// slots; Intel's AVX-512 cores and Zen 5 (family 0x1a) are taken to execute it whole (our
-// reading of the vendors' descriptions; only Zen 4 and Cascade Lake were measured). Kernels whose
-// best form trades arithmetic for memory traffic choose by it (kernels.h g_softmax_exp_twice).
+// The CPU's vendor is AMD (CPUID leaf 0): the fp16 softmax's form chooses by it (init_runtime).
 bool cpu_amd() {
 #ifdef TO_X86
     unsigned a = 0, b = 0, c = 0, d = 0;
@@ -122,6 +118,11 @@ bool cpu_amd() {
 #endif
 }
 
+// Whether the core executes a 512-bit instruction as two 256-bit halves: AMD's Zen 4 (family
+// 0x19, the first AMD with AVX-512) does, so a zmm FMA costs it two of its 256-bit pipe
+// slots; Intel's AVX-512 cores and Zen 5 (family 0x1a) are taken to execute it whole (our
+// reading of the vendors' descriptions; only Zen 4 and Cascade Lake were measured). The norms'
+// weight format chooses by it (runtime.h g_norm_w16).
 bool cpu_splits_512() {
 #ifdef TO_X86
     unsigned a = 0, b = 0, c = 0, d = 0;
@@ -335,7 +336,7 @@ void init_runtime() {
     select_isa();
     // On AMD's AVX-512 cores the second exp costs more than the stored row's reload
     // (softmax.cpp; in-process A/B of the two forms, fp16 8192 x 4096: stored 1.50x on Zen 4,
-    // 1.15-1.17x on Zen 5, whose 512-bit pipes are whole; computing twice 1.17x on Intel's
+    // 1.15-1.17x on Zen 5, whose 512-bit pipes are whole; computing twice 1.18x on Intel's
     // Cascade Lake), and on a split core (Zen 4) an fp32 weight is the faster one
     // (bind_facade.cpp NormParams; Zen 5 keeps the 16-bit weights: rms / layer / add_rms /
     // add_layer 0.97-1.14x with them, fp16 and bf16).
