@@ -49,7 +49,9 @@ struct AdamParams {
 // used by fp32, then s in a 16-bit dtype (n halves), the only row a 16-bit form keeps: the
 // norm widens it and res_out copies it as bits (norm.cpp AddSrc, s_row).
 inline int64_t fused_add_e16_at(int64_t n) { return (n + 15) & ~(int64_t)15; }  // where the 16-bit copy starts
-inline int64_t fused_add_scratch(int64_t n) { return fused_add_e16_at(n) + (((n + 1) / 2 + 15) & ~(int64_t)15); }
+inline int64_t fused_add_row(int64_t n) { return fused_add_e16_at(n) + (((n + 1) / 2 + 15) & ~(int64_t)15); }
+// two rows: the pipelined fused add (norm.cpp) sums row r + 1 into one while row r is written from the other
+inline int64_t fused_add_scratch(int64_t n) { return 2 * fused_add_row(n); }
 
 // The norms' weight formats (KernelTable rms_norm ... add_layer_norm, `wf`; bind_facade.cpp
 // NormParams picks one per call, norm.cpp with_w says why): fp32 (zero-centred gamma's +1

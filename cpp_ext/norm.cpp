@@ -11,6 +11,7 @@
 
 #include <cmath>
 #include <type_traits>
+#include <utility>
 
 namespace to {
 namespace TO_NS {
@@ -225,26 +226,25 @@ inline double add_into(const T* x, const T* r, float* e, int64_t n) {
 // the 16-bit fused adds 1.2-2.0x slower than two passes, and at some placements fp32's and
 // fp16's took 3.5-9x their usual time (CONTRIBUTING "Two interleaved streams of streaming
 // stores"); the one-pass gains were measured on AVX-512 builds.
-template <class T, class Full, class Part>
-inline void write_pair(T* y, T* o, const float* e, int64_t n, bool nt, const Full& full, const Part& part,
-                       Prefetch pfx, Prefetch pfr) {
+template <class T, class Full, class Part, class PF>
+inline PF write_pair(T* y, T* o, const float* e, int64_t n, bool nt, const Full& full, const Part& part, PF pf) {
     const uintptr_t A = (uintptr_t)W * sizeof(T);
     const T* e16 = e16_of<T>(const_cast<float*>(e), n);
     if (nt && W > 1 && (TO_ISA < 2 || (uintptr_t)y % A != (uintptr_t)o % A || (sizeof(T) < 4 && (uintptr_t)y % A))) {
-        write_row(y, n, nt, full, part, pfx);
+        PF got = write_row(y, n, nt, full, part, pf);
         if constexpr (sizeof(T) < 4)  // e16's bits, as the one-pass form copies them
             write_row(
                 o, n, nt, [&](int64_t i) { return vbits16(e16 + i); },
-                [&](int64_t i, int64_t k) { return vbits16_part(e16 + i, k); }, pfr);
+                [&](int64_t i, int64_t k) { return vbits16_part(e16 + i, k); });
         else
             write_row(
                 o, n, nt, [&](int64_t i) { return vload(e + i); },
-                [&](int64_t i, int64_t k) { return vload_part(e + i, k, 0.f); }, pfr);
-        return;
+                [&](int64_t i, int64_t k) { return vload_part(e + i, k, 0.f); });
+        return got;
     }
     if (nt && (n * (int64_t)sizeof(T) + (int64_t)((uintptr_t)o % A)) % (int64_t)A)
         __builtin_prefetch(o + n - 1, 1, 3);  // as write_row does for y's shared last line
-    write_row(
+    return write_row(
         y, n, nt,
         [&](int64_t i) {
             if constexpr (sizeof(T) < 4) {
@@ -265,17 +265,19 @@ inline void write_pair(T* y, T* o, const float* e, int64_t n, bool nt, const Ful
                 vstore_part(o + i, vload_part(e + i, k, 0.f), k);
             return part(i, k);
         },
-        Prefetch2(pfx, pfr));
+        pf);
 }
 
 // y = e * rs * w (rms) or (e - mean) * rs * w (+ b) (layer) and res_out = e, in one pass.
 // flatten: GCC left the sink lambda out of line (a call per row, its closures reloaded every
 // vector: add_rms_norm fp32 1.98 instructions per element against 1.67 inlined).
-template <class T, class TW, class TB>
-__attribute__((flatten)) inline void add_norm_write(const float* e, const TW* w, const TB* b, T* yr, T* orow,
-                                                    int64_t n, float mean, float rs, bool layer, bool nt, Prefetch pfx,
-                                                    Prefetch pfr) {
-    const auto sink = [&](const auto& full, const auto& part) { write_pair(yr, orow, e, n, nt, full, part, pfx, pfr); };
+template <class T, class TW, class TB, class PF>
+__attribute__((flatten)) inline double add_norm_write(const float* e, const TW* w, const TB* b, T* yr, T* orow,
+                                                      int64_t n, float mean, float rs, bool layer, bool nt, PF pf) {
+    double next = 0.0;
+    const auto sink = [&](const auto& full, const auto& part) {
+        next = write_pair(yr, orow, e, n, nt, full, part, pf).s.acc;
+    };
     const auto es = s_row<T>(const_cast<float*>(e), n);
     if (layer) {
         ln_row(es, w, b, mean, rs, sink);
@@ -284,11 +286,29 @@ __attribute__((flatten)) inline void add_norm_write(const float* e, const TW* w,
         sink([&](int64_t i) { return vload(es + i) * vrs * vload(w + i); },
              [&](int64_t i, int64_t k) { return vload_part(es + i, k, 0.f) * vrs * vload_part(w + i, k, 0.f); });
     }
+    return next;
 }
 
-// Row by row: x + r from memory into the scratch row (with its statistics), then both outputs
-// from it. y may be x and res_out may be r (the same arrays, vLLM's in-place form): each row
-// of the inputs is read before that row of the outputs is written.
+// Rows pipelined, as rms_norm_t's: row r's write pass also adds row r + 1 (x + r from memory,
+// into the other scratch row, its sum taken as it goes: BlockSum stepped by write_row) while
+// row r + 2 is prefetched, so reads and writes stream together. ab_builds.py --copies 2
+// --rounds 9 against the unpipelined form (add_into, then the write with row r + 1
+// prefetched), 8192 x 4096, Zen 4: np.empty's placement fp32 / fp16 / bf16 add_rms_norm 1.20 /
+// 1.20 / 1.12x, add_layer_norm 1.17 / 1.15 / 1.12x; torch's (--out-offset 0) 1.15 / 1.10 /
+// 1.11x and 1.11 / 1.08 / 1.04x. AVX2 (TENSOR_OPS_MAX_ISA=avx2): fp32 1.11-1.13x, 16-bit
+// 0.94-0.99x (an unpipelined 16-bit AVX2 form beside it, its write prefetching the next row's
+// x and residual together, measured 0.82-0.94x: not kept). BlockSum adds in its one order: the
+// output is bitwise the unpipelined one.
+template <class T, bool SQ>
+using AddSum = BlockSum<AddSrc<T>, SQ>;
+template <class T, bool SQ>
+inline StepWith<AddSum<T, SQ>, Prefetch2> add_next(const T* xr, const T* rr, float* e1, int64_t n, bool more,
+                                                   bool more2) {
+    const T *x1 = xr + n, *r1 = rr + n;
+    return {Prefetch2(next_row(x1, n, more2, n), next_row(r1, n, more2, n)),
+            AddSum<T, SQ>({x1, r1, e1, e16_of<T>(e1, n)}, more ? n : 0)};
+}
+
 template <class T, class TW>
 void add_rms_norm_t(const void* xv, const void* rv, const TW* w, void* yv, void* ov, int64_t rows, int64_t n,
                     float eps, float* e, bool nt) {
@@ -296,21 +316,25 @@ void add_rms_norm_t(const void* xv, const void* rv, const TW* w, void* yv, void*
     const T* rr = (const T*)rv;
     T* y = (T*)yv;
     T* o = (T*)ov;
+    float* ea = e;                       // row r's s
+    float* eb = e + fused_add_row(n);   // row r + 1's, summed during row r's write
+    double ss = rows > 0 ? add_into<T, true>(x, rr, ea, n) : 0.0;
     for (int64_t r = 0; r < rows; ++r) {
         const T *xr = x + r * n, *rrow = rr + r * n;
-        const double ss = add_into<T, true>(xr, rrow, e, n);
+        const bool more = r + 1 < rows;
         if (!std::isfinite(ss)) {  // as in rms_norm_k: s² overflowed fp32 lanes, this row in double
-            const auto es = s_row<T>(e, n);
+            const auto es = s_row<T>(ea, n);
             rms_norm_row_f64(es, w, y + r * n, n, eps, nullptr);
             write_row(
                 o + r * n, n, nt, [&](int64_t i) { return vload(es + i); },
                 [&](int64_t i, int64_t k) { return vload_part(es + i, k, 0.f); });
-            continue;
+            ss = more ? add_into<T, true>(xr + n, rrow + n, eb, n) : 0.0;
+        } else {
+            const float rs = rsqrt_of(ss, n, eps);
+            ss = add_norm_write<T, TW, TW>(ea, w, nullptr, y + r * n, o + r * n, n, 0.f, rs, false, nt,
+                                           add_next<T, true>(xr, rrow, eb, n, more, r + 2 < rows));
         }
-        const float rs = rsqrt_of(ss, n, eps);
-        const bool more = r + 1 < rows;
-        add_norm_write<T, TW, TW>(e, w, nullptr, y + r * n, o + r * n, n, 0.f, rs, false, nt, next_row(xr, n, more, n),
-                       next_row(rrow, n, more, n));
+        std::swap(ea, eb);
     }
     if (nt) stream_fence();
 }
@@ -322,21 +346,26 @@ void add_layer_norm_t(const void* xv, const void* rv, const TW* w, const TB* b, 
     const T* rr = (const T*)rv;
     T* y = (T*)yv;
     T* o = (T*)ov;
+    float* ea = e;
+    float* eb = e + fused_add_row(n);
+    double sum = rows > 0 ? add_into<T, false>(x, rr, ea, n) : 0.0;
     for (int64_t r = 0; r < rows; ++r) {
         const T *xr = x + r * n, *rrow = rr + r * n;
         const bool more = r + 1 < rows;
-        const float mean = (float)(add_into<T, false>(xr, rrow, e, n) / (double)n);
-        const auto es = s_row<T>(e, n);
+        const float mean = (float)(sum / (double)n);
+        const auto es = s_row<T>(ea, n);
         const double var = row_sumsq_centered(es, n, mean) / (double)n;
         if (!std::isfinite(var) || !std::isfinite(mean)) {  // as in layer_norm_k
             layer_norm_row_f64(es, w, b, y + r * n, n, eps, nullptr, nullptr);
             write_row(
                 o + r * n, n, nt, [&](int64_t i) { return vload(es + i); },
                 [&](int64_t i, int64_t k) { return vload_part(es + i, k, 0.f); });
-            continue;
+            sum = more ? add_into<T, false>(xr + n, rrow + n, eb, n) : 0.0;
+        } else {
+            sum = add_norm_write(ea, w, b, y + r * n, o + r * n, n, mean, (float)(1.0 / std::sqrt(var + (double)eps)),
+                                 true, nt, add_next<T, false>(xr, rrow, eb, n, more, r + 2 < rows));
         }
-        add_norm_write(e, w, b, y + r * n, o + r * n, n, mean, (float)(1.0 / std::sqrt(var + (double)eps)), true, nt,
-                       next_row(xr, n, more, n), next_row(rrow, n, more, n));
+        std::swap(ea, eb);
     }
     if (nt) stream_fence();
 }

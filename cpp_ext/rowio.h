@@ -83,9 +83,9 @@ struct Prefetch2 {
 // The prefetch plus other work stepped with it: S is a functor with finish() (variant.h
 // RowSum: the next row's statistics summed during this row's write). write_row returns its
 // PF, so the caller reads S's result from what it gets back.
-template <class S>
+template <class S, class PF = Prefetch>
 struct StepWith {
-    Prefetch pf;
+    PF pf;
     S s;
     inline void operator()() {
         pf();

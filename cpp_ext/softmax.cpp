@@ -22,8 +22,8 @@ namespace {
 // Lanes of W mask bytes that are non-zero (TE's uint8 attention mask: 1 = masked).
 inline M vmask_u8(const uint8_t* p) {
 #if TO_ISA == 2
-    __m512i v = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i*)p));
-    return {_mm512_test_epi32_mask(v, v)};
+    const __m128i v = _mm_loadu_si128((const __m128i*)p);
+    return {_mm_test_epi8_mask(v, v)};
 #elif TO_ISA == 1
     __m256i v = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i*)p));
     return {_mm256_castsi256_ps(_mm256_cmpgt_epi32(v, _mm256_setzero_si256()))};
