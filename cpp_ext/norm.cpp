@@ -216,8 +216,8 @@ inline double add_into(const T* x, const T* r, float* e, int64_t n) {
 
 // Both outputs of a row in one pass over the scratch row e: write_row writes y from (full,
 // part) and each of its steps stores the same lanes of res_out = e beside it (two streaming
-// stores per vector; a 16-bit res_out copies e16's bits), the next row's x and residual
-// prefetched alike (Prefetch2: one pointer for both). Needs y and o at the
+// stores per vector; a 16-bit res_out copies e16's bits), the next row's add stepped beside
+// it (pf: add_next below; the two-pass form steps it in y's pass). Needs y and o at the
 // same offset within a vector (torch: both page + 64; np.empty: both page + 16), else each
 // gets its own write_row pass. 16-bit outputs off a vector boundary keep the two passes too:
 // fused, they ran 0.95-0.97x in bf16 and 0.95 / 1.01x in fp16 (np.empty's page + 16) where the
