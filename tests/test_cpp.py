@@ -456,6 +456,54 @@ def test_norm_rows_pipelined_match_rows_alone(C, dt, n, op):
         C._set_tuning(-1, old)
 
 
+@pytest.mark.parametrize("dt", DTYPES)
+@pytest.mark.parametrize("n", [7, 203, 2100])
+@pytest.mark.parametrize("layer", [False, True], ids=["add_rms_norm", "add_layer_norm"])
+def test_fused_adds_pipelined_match_rows_alone(C, dt, n, layer):
+    """The fused adds take row r+1's add and sum inside row r's write (norm.cpp add_next, a
+    second scratch row): both outputs of every row bitwise those of the row passed alone, at
+    every output placement, streaming stores forced and not, in place (vLLM's form: row r+1 is
+    read before row r+1 is written), with a row redone in double (its squares overflow fp32)
+    and one holding inf between pipelined rows."""
+    rng = np.random.default_rng(6)
+    v = rng.standard_normal((8, n)) * 3 + 1
+    if dt != "float16":
+        v[2, :2] = (1e20, -3e19)
+    v[4, :64] += 40
+    v[6, n // 2] = np.inf
+    x, _, kw = as_dtype(v, dt)
+    r, _, _ = as_dtype(rng.standard_normal((8, n)), dt)
+    w, _, _ = as_dtype(rng.standard_normal(n), dt)
+    b, _, _ = as_dtype(rng.standard_normal(n), dt)
+
+    def call(xa, ra, out=None, res=None):
+        if layer:
+            return C.add_layer_norm(xa, ra, w, b, 1e-5, out, res, **kw)
+        return C.add_rms_norm(xa, ra, w, 1e-6, out, res, **kw)
+
+    alone = [call(x[i:i + 1], r[i:i + 1]) for i in range(len(x))]
+    want_y = np.concatenate([a[0] for a in alone])
+    want_s = np.concatenate([a[1] for a in alone])
+    old = C.build_info()["nontemporal_threshold_bytes"]
+    try:
+        for threshold in (0, old):
+            C._set_tuning(-1, threshold)
+            buf_y = np.zeros(x.size + 40, x.dtype)
+            buf_s = np.zeros(x.size + 40, x.dtype)
+            for oy, os_ in [(0, 0), (1, 1), (8, 8), (16, 16), (3, 0)]:
+                y = buf_y[oy:oy + x.size].reshape(x.shape)
+                s = buf_s[os_:os_ + x.size].reshape(x.shape)
+                call(x, r, y, s)
+                np.testing.assert_array_equal(y, want_y, err_msg=f"y at +{oy}, s at +{os_}")
+                np.testing.assert_array_equal(s, want_s, err_msg=f"y at +{oy}, s at +{os_}")
+            xi, ri = x.copy(), r.copy()
+            call(xi, ri, xi, ri)
+            np.testing.assert_array_equal(xi, want_y)
+            np.testing.assert_array_equal(ri, want_s)
+    finally:
+        C._set_tuning(-1, old)
+
+
 def test_empty_inputs_return_at_once(C):
     for shape in [(0, 8), (3, 0), (0,)]:
         x = np.empty(shape, np.float32)
