@@ -283,6 +283,39 @@ def test_gated_bwd_streaming_matches(C, dt, kind):
         C._set_tuning(-1, old)
 
 
+def _fused_add_call(C, layer, w, b, kw):
+    """add_layer_norm or add_rms_norm with these weights: call(x, r, out=None, res=None)."""
+    def call(xa, ra, out=None, res=None):
+        if layer:
+            return C.add_layer_norm(xa, ra, w, b, 1e-5, out, res, **kw)
+        return C.add_rms_norm(xa, ra, w, 1e-6, out, res, **kw)
+    return call
+
+
+def _check_fused_add_placements(C, call, x, r, want_y, want_s, offsets):
+    """Both outputs at each (y, res_out) element offset, streaming stores forced and not, then
+    in place (vLLM's form): the bits of want_y / want_s every time."""
+    old = C.build_info()["nontemporal_threshold_bytes"]
+    try:
+        for threshold in (0, old):
+            C._set_tuning(-1, threshold)
+            buf_y = np.zeros(x.size + 40, x.dtype)
+            buf_s = np.zeros(x.size + 40, x.dtype)
+            for oy, os_ in offsets:
+                y = buf_y[oy:oy + x.size].reshape(x.shape)
+                s = buf_s[os_:os_ + x.size].reshape(x.shape)
+                got_y, got_s = call(x, r, y, s)
+                assert got_y is y and got_s is s
+                np.testing.assert_array_equal(y, want_y, err_msg=f"y at +{oy}, s at +{os_}")
+                np.testing.assert_array_equal(s, want_s, err_msg=f"y at +{oy}, s at +{os_}")
+            xi, ri = x.copy(), r.copy()
+            call(xi, ri, xi, ri)
+            np.testing.assert_array_equal(xi, want_y)
+            np.testing.assert_array_equal(ri, want_s)
+    finally:
+        C._set_tuning(-1, old)
+
+
 @pytest.mark.parametrize("dt", DTYPES)
 @pytest.mark.parametrize("layer", [False, True], ids=["add_rms_norm", "add_layer_norm"])
 def test_fused_add_outputs_at_every_placement(C, dt, layer):
@@ -296,31 +329,10 @@ def test_fused_add_outputs_at_every_placement(C, dt, layer):
     w, _, _ = as_dtype(rng.standard_normal(203), dt)
     b, _, _ = as_dtype(rng.standard_normal(203), dt)
 
-    def call(xa, ra, out=None, res=None):
-        if layer:
-            return C.add_layer_norm(xa, ra, w, b, 1e-5, out, res, **kw)
-        return C.add_rms_norm(xa, ra, w, 1e-6, out, res, **kw)
-
+    call = _fused_add_call(C, layer, w, b, kw)
     want_y, want_s = call(x, r)
-    old = C.build_info()["nontemporal_threshold_bytes"]
-    try:
-        for threshold in (0, old):
-            C._set_tuning(-1, threshold)
-            buf_y = np.zeros(x.size + 40, x.dtype)
-            buf_s = np.zeros(x.size + 40, x.dtype)
-            for oy, os_ in [(0, 0), (1, 1), (8, 8), (3, 3), (0, 1), (2, 13), (16, 0)]:
-                y = buf_y[oy:oy + x.size].reshape(x.shape)
-                s = buf_s[os_:os_ + x.size].reshape(x.shape)
-                got_y, got_s = call(x, r, y, s)
-                assert got_y is y and got_s is s
-                np.testing.assert_array_equal(y, want_y, err_msg=f"y at +{oy}, s at +{os_}")
-                np.testing.assert_array_equal(s, want_s, err_msg=f"y at +{oy}, s at +{os_}")
-            xi, ri = x.copy(), r.copy()  # vLLM's in-place form
-            call(xi, ri, xi, ri)
-            np.testing.assert_array_equal(xi, want_y)
-            np.testing.assert_array_equal(ri, want_s)
-    finally:
-        C._set_tuning(-1, old)
+    _check_fused_add_placements(C, call, x, r, want_y, want_s,
+                                [(0, 0), (1, 1), (8, 8), (3, 3), (0, 1), (2, 13), (16, 0)])
 
 
 @pytest.mark.parametrize("dt", DTYPES)
@@ -476,32 +488,11 @@ def test_fused_adds_pipelined_match_rows_alone(C, dt, n, layer):
     w, _, _ = as_dtype(rng.standard_normal(n), dt)
     b, _, _ = as_dtype(rng.standard_normal(n), dt)
 
-    def call(xa, ra, out=None, res=None):
-        if layer:
-            return C.add_layer_norm(xa, ra, w, b, 1e-5, out, res, **kw)
-        return C.add_rms_norm(xa, ra, w, 1e-6, out, res, **kw)
-
+    call = _fused_add_call(C, layer, w, b, kw)
     alone = [call(x[i:i + 1], r[i:i + 1]) for i in range(len(x))]
     want_y = np.concatenate([a[0] for a in alone])
     want_s = np.concatenate([a[1] for a in alone])
-    old = C.build_info()["nontemporal_threshold_bytes"]
-    try:
-        for threshold in (0, old):
-            C._set_tuning(-1, threshold)
-            buf_y = np.zeros(x.size + 40, x.dtype)
-            buf_s = np.zeros(x.size + 40, x.dtype)
-            for oy, os_ in [(0, 0), (1, 1), (8, 8), (16, 16), (3, 0)]:
-                y = buf_y[oy:oy + x.size].reshape(x.shape)
-                s = buf_s[os_:os_ + x.size].reshape(x.shape)
-                call(x, r, y, s)
-                np.testing.assert_array_equal(y, want_y, err_msg=f"y at +{oy}, s at +{os_}")
-                np.testing.assert_array_equal(s, want_s, err_msg=f"y at +{oy}, s at +{os_}")
-            xi, ri = x.copy(), r.copy()
-            call(xi, ri, xi, ri)
-            np.testing.assert_array_equal(xi, want_y)
-            np.testing.assert_array_equal(ri, want_s)
-    finally:
-        C._set_tuning(-1, old)
+    _check_fused_add_placements(C, call, x, r, want_y, want_s, [(0, 0), (1, 1), (8, 8), (16, 16), (3, 0)])
 
 
 def test_empty_inputs_return_at_once(C):
