@@ -297,8 +297,9 @@ __attribute__((flatten)) inline double add_norm_write(const float* e, const TW* 
 // 1.20 / 1.12x, add_layer_norm 1.17 / 1.15 / 1.12x; torch's (--out-offset 0) 1.15 / 1.10 /
 // 1.11x and 1.11 / 1.08 / 1.04x. AVX2 (TENSOR_OPS_MAX_ISA=avx2): fp32 1.11-1.13x, 16-bit
 // 0.94-0.99x (an unpipelined 16-bit AVX2 form beside it, its write prefetching the next row's
-// x and residual together, measured 0.82-0.94x: not kept). BlockSum adds in its one order: the
-// output is bitwise the unpipelined one.
+// x and residual together, measured 0.82-1.00x: not kept). BlockSum adds in its one order: the
+// output is bitwise the unpipelined one. y may be x and res_out may be r (the same arrays,
+// vLLM's in-place form): row r + 1 is read, during row r's write, before it is written.
 template <class T, bool SQ>
 using AddSum = BlockSum<AddSrc<T>, SQ>;
 template <class T, bool SQ>
