@@ -211,14 +211,15 @@ py::object softmax(const py::object& x_, const py::object& out_, const py::objec
     if (x.size == 0) return res;
     const int64_t bytes = x.size * ELSIZE[x.dt];
     const int nth = threads_for(2 * bytes, rows);
-    Scratch scratch((size_t)nth * (size_t)n, x.data);
+    const size_t per = (size_t)softmax_scratch(n);
+    Scratch scratch((size_t)nth * per, x.data);
     auto k = g_k->softmax[x.dt];
     const int es = ELSIZE[x.dt];
     const bool nt = use_nt(bytes);
     float* sc = scratch.get();
     py::gil_scoped_release nogil;
     parallel_units(rows, nth, [&](int64_t b, int64_t e, int t) {
-        k(x.data + b * n * es, o.data + b * n * es, e - b, n, sc + (size_t)t * n, nt);
+        k(x.data + b * n * es, o.data + b * n * es, e - b, n, sc + (size_t)t * per, nt);
     });
     return res;
 }

@@ -81,11 +81,13 @@ void tex_softmax(const py::object& x_, const py::object& out_, float scale, int 
     const int es = ELSIZE[x.dt];
     const int nth = threads_for(2 * x.size * es, rows);
     const bool nt = use_nt(x.size * es);
-    Scratch scratch((size_t)nth * (n + 64), x.data);
+    // the pipelined plain rows' two scratch rows (softmax.cpp), and at least n + 64 as before
+    const size_t per = (size_t)std::max<int64_t>(softmax_scratch(n), n + 64);
+    Scratch scratch((size_t)nth * per, x.data);
     py::gil_scoped_release nogil;
     parallel_units(rows, nth, [&](int64_t b, int64_t e, int t) {
         k(x.data + b * n * es, o.data + b * n * es, e - b, n, scale, mode, mask, mb, heads, b, sq, causal_off,
-          scratch.get() + (size_t)t * (n + 64), nt);
+          scratch.get() + (size_t)t * per, nt);
     });
 }
 

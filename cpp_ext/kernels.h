@@ -53,6 +53,11 @@ inline int64_t fused_add_row(int64_t n) { return fused_add_e16_at(n) + (((n + 1)
 // two rows: the pipelined fused add (norm.cpp) sums row r + 1 into one while row r is written from the other
 inline int64_t fused_add_scratch(int64_t n) { return 2 * fused_add_row(n); }
 
+// The facade softmax's per-thread scratch, in floats: two rows of e (softmax.cpp softmax_k
+// writes row r from one while row r + 1's exp pass fills the other), each padded to 64 bytes.
+inline int64_t softmax_row_floats(int64_t n) { return (n + 15) & ~(int64_t)15; }
+inline int64_t softmax_scratch(int64_t n) { return 2 * softmax_row_floats(n); }
+
 // The norms' weight formats (KernelTable rms_norm ... add_layer_norm, `wf`; bind_facade.cpp
 // NormParams picks one per call, norm.cpp with_w says why): fp32 (zero-centred gamma's +1
 // already added), fp16 as the caller's (fp16 x), or for bf16 x with a bias one uint32 per
@@ -78,7 +83,7 @@ struct KernelTable {
     void (*add_layer_norm[DT_COUNT])(const void* x, const void* r, const void* w, const void* b, void* y,
                                      void* res_out, int64_t rows, int64_t n, float eps, float* scratch, bool nt,
                                      int wf);
-    // scratch: n floats (per thread).
+    // scratch: softmax_scratch(n) floats (per thread).
     void (*softmax[DT_COUNT])(const void* x, void* y, int64_t rows, int64_t n, float* scratch, bool nt);
     void (*unary[DT_COUNT][UN_COUNT])(const void* x, void* y, int64_t count, bool nt);
     // x (rows, 2h) -> y (rows, h)

@@ -7,8 +7,9 @@
 // row's max found); y = e * (1/sum). The scratch (not y) holds e so 16-bit outputs are
 // rounded once, and so the final write can be a non-temporal store (writing y twice, once
 // cached and once streamed, measured 30% slower at 8192x4096). The next row is prefetched
-// across both passes (rowio.h Prefetch). NaN in a row, or +Inf (Inf - Inf), gives a NaN row,
-// as the float64 formula does.
+// across both passes (rowio.h Prefetch); AVX-512 fp32 rows on 64-byte lines run row r + 1's
+// exp pass inside row r's write instead (softmax_rows_pipelined). NaN in a row, or +Inf
+// (Inf - Inf), gives a NaN row, as the float64 formula does.
 #include <cstring>
 #include <type_traits>
 
@@ -183,16 +184,30 @@ __attribute__((flatten)) inline void softmax_row(T* yr, int64_t n, int64_t len, 
     }
 }
 
-// The facade's softmax over rows of n.
+}  // namespace
+}  // namespace TO_NS
+}  // namespace to
+
+#include "softmax_rows.h"
+
+namespace to {
+namespace TO_NS {
+namespace {
+
+// The facade's softmax over rows of n (scratch: softmax_scratch(n) floats).
 template <class T>
 void softmax_k(const void* xv, void* yv, int64_t rows, int64_t n, float* scratch, bool nt) {
     const T* x = (const T*)xv;
     T* y = (T*)yv;
-    for (int64_t r = 0; r < rows; ++r) {
-        const T* xr = x + r * n;
-        softmax_row<false>(
-            y + r * n, n, n, scratch, nt, next_row(xr, n, r + 1 < rows, 2 * n), [&](int64_t i) { return vload(xr + i); },
-            [&](int64_t i, int64_t k) { return vload_part(xr + i, k, 0.f); });
+    if (softmax_lines<T>(x, y, n)) {
+        softmax_rows_pipelined<false>(x, y, rows, n, 1.0f, scratch, nt);
+    } else {
+        for (int64_t r = 0; r < rows; ++r) {
+            const T* xr = x + r * n;
+            softmax_row<false>(
+                y + r * n, n, n, scratch, nt, next_row(xr, n, r + 1 < rows, 2 * n),
+                [&](int64_t i) { return vload(xr + i); }, [&](int64_t i, int64_t k) { return vload_part(xr + i, k, 0.f); });
+        }
     }
     if (nt) stream_fence();
 }
@@ -205,6 +220,11 @@ void tsoftmax_k(const void* xv, void* yv, int64_t rows, int64_t n, float scale, 
                 int64_t mask_batches, int64_t heads, int64_t row0, int64_t sq, int64_t causal_off, float* e, bool nt) {
     const T* x = (const T*)xv;
     T* y = (T*)yv;
+    if (mode == SM_PLAIN && softmax_lines<T>(x, y, n)) {
+        softmax_rows_pipelined<true>(x, y, rows, n, scale, e, nt);
+        if (nt) stream_fence();
+        return;
+    }
     const V vs = vset(scale);
     for (int64_t r = 0; r < rows; ++r) {
         const T* xr = x + r * n;

@@ -468,6 +468,65 @@ def test_norm_rows_pipelined_match_rows_alone(C, dt, n, op):
         C._set_tuning(-1, old)
 
 
+def _line_aligned(shape, dtype, off=0):
+    """A zeroed array of `shape` starting `off` elements past a 64-byte line."""
+    size = int(np.prod(shape))
+    buf = np.zeros(size + 64 + off, dtype)
+    start = (-buf.ctypes.data % 64) // buf.itemsize + off
+    return buf[start:start + size].reshape(shape)
+
+
+@pytest.mark.parametrize("n", [16, 48, 1040, 2064, 4096])
+@pytest.mark.parametrize("scale", [None, 0.3], ids=["softmax", "tex_scaled"])
+def test_softmax_pipelined_rows_match_rows_alone(C, n, scale):
+    """fp32 softmax (and TE's plain scaled softmax) with x and y on line boundaries takes row
+    r+1's exp pass inside row r's write (softmax.cpp softmax_rows_pipelined, ExpSteps; a second
+    scratch row): every row bitwise what the unpipelined form (softmax_row, which x off a line
+    takes) gives, streaming stores forced and not, y off a line (the unpipelined form again), in
+    place; rows that run their exp pass twice (a max far above the first 256 logits, +Inf, NaN)
+    between pipelined ones, widths that end 1024-element blocks mid-pair, and an all -Inf row
+    (NaN, as the float64 formula)."""
+    if scale is None:
+        def call(a, out=None):
+            return C.softmax(a, out)
+    else:
+        def call(a, out=None):
+            out = np.empty_like(a) if out is None else out
+            C.tex_softmax(a, out, scale, 0)
+            return out
+    rng = np.random.default_rng(11)
+    v = rng.standard_normal((9, n)) * 4
+    v[2, -1] = 60.0                  # the max far above the head's shift: the exp pass again
+    v[3, n // 2] = np.inf            # NaN row
+    v[4, 1] = np.nan                 # NaN row
+    v[5] -= 1e4                      # far below zero, e^(x - c) still well scaled
+    v[7] = -np.inf                   # all -Inf: NaN row
+    x = _line_aligned(v.shape, np.float32)
+    x[...] = v
+    xo = _line_aligned(v.shape, np.float32, off=4)   # off a line: softmax_row's loop
+    xo[...] = v
+    want = call(xo)
+    np.testing.assert_array_equal(np.concatenate([call(x[i:i + 1]) for i in range(len(x))]), want)
+    with np.errstate(all="ignore"):
+        ok = np.r_[0:3, 5, 6, 8]
+        check(want[ok], ref.softmax(x[ok].astype(np.float64) * (scale or 1.0)), "float32")
+    assert np.isnan(want[[3, 4, 7]]).all()
+    old = C.build_info()["nontemporal_threshold_bytes"]
+    try:
+        for threshold in (0, old):
+            C._set_tuning(-1, threshold)
+            for off in (0, 4):
+                y = _line_aligned(v.shape, np.float32, off)
+                assert call(x, y) is y
+                np.testing.assert_array_equal(y, want, err_msg=f"out at +{off}, threshold {threshold}")
+            xi = _line_aligned(v.shape, np.float32)
+            xi[...] = v
+            call(xi, xi)
+            np.testing.assert_array_equal(xi, want)
+    finally:
+        C._set_tuning(-1, old)
+
+
 @pytest.mark.parametrize("dt", DTYPES)
 @pytest.mark.parametrize("n", [7, 203, 2100])
 @pytest.mark.parametrize("layer", [False, True], ids=["add_rms_norm", "add_layer_norm"])

@@ -58,7 +58,7 @@ SRC_DIR = "cpp_ext"  # relative to setup.py, as setuptools wants
 # are the same in cpp_ext/, opencl_ext/ and cuda_ext/.
 KERNEL_SOURCES = ["norm.cpp", "softmax.cpp", "activation.cpp", "rope.cpp", "optim.cpp", "common.cpp", "backward.cpp",
                   "tex_train.cpp", "table.cpp"]
-HEADERS = ["simd.h", "rowio.h", "vmath.h", "kernels.h", "variant.h", "lut16.h"]
+HEADERS = ["simd.h", "rowio.h", "vmath.h", "kernels.h", "variant.h", "lut16.h", "softmax_rows.h"]
 # Compiled once with the baseline flags; module.cpp holds only PYBIND11_MODULE. Only
 # runtime.cpp is free of pybind11, whose headers cost ~8 s of CPU per file here (gcc 12,
 # -O3 -g): the others compile in the kernels' thread pool. runtime.cpp alone uses what is
