@@ -118,6 +118,7 @@ struct KernelTable {
     void (*dglu[DT_COUNT][DA_COUNT])(const void* g, const void* x, void* y, int64_t rows, int64_t h, bool nt);
     // rows of n (= sk) of x viewed (batches*heads*sq, sk); row0 = global index of the first row;
     // mask uint8 [mask_batches, sq, sk] (SM_MASK); causal: column limit (row % sq) + causal_off.
+    // scratch: softmax_scratch(n) floats, at least n + 64 (per thread).
     void (*tsoftmax[DT_COUNT])(const void* x, void* y, int64_t rows, int64_t n, float scale, int mode,
                                const uint8_t* mask, int64_t mask_batches, int64_t heads, int64_t row0, int64_t sq,
                                int64_t causal_off, float* scratch, bool nt);

@@ -7,10 +7,11 @@
 // row's max found); y = e * (1/sum). The scratch (not y) holds e so 16-bit outputs are
 // rounded once, and so the final write can be a non-temporal store (writing y twice, once
 // cached and once streamed, measured 30% slower at 8192x4096). The next row is prefetched
-// across both passes (rowio.h Prefetch); AVX-512 fp32 rows on 64-byte lines run row r + 1's
-// exp pass inside row r's write instead (softmax_rows_pipelined). NaN in a row, or +Inf
+// across both passes (rowio.h Prefetch); AVX-512 fp32 rows on 64-byte lines (the facade's, TE's
+// plain and masked) run row r + 1's exp pass inside row r's write instead (softmax_rows.h). NaN in a row, or +Inf
 // (Inf - Inf), gives a NaN row, as the float64 formula does.
 #include <cstring>
+#include <utility>
 #include <type_traits>
 
 #include "vmath.h"
@@ -200,7 +201,9 @@ void softmax_k(const void* xv, void* yv, int64_t rows, int64_t n, float* scratch
     const T* x = (const T*)xv;
     T* y = (T*)yv;
     if (softmax_lines<T>(x, y, n)) {
-        softmax_rows_pipelined<false>(x, y, rows, n, 1.0f, scratch, nt);
+        if constexpr (std::is_same_v<T, float>)
+            softmax_rows_pipelined(x, y, rows, n, [](int64_t) { return std::make_pair(Logits<false>(), false); },
+                                   scratch, nt);
     } else {
         for (int64_t r = 0; r < rows; ++r) {
             const T* xr = x + r * n;
@@ -220,10 +223,25 @@ void tsoftmax_k(const void* xv, void* yv, int64_t rows, int64_t n, float scale, 
                 int64_t mask_batches, int64_t heads, int64_t row0, int64_t sq, int64_t causal_off, float* e, bool nt) {
     const T* x = (const T*)xv;
     T* y = (T*)yv;
-    if (mode == SM_PLAIN && softmax_lines<T>(x, y, n)) {
-        softmax_rows_pipelined<true>(x, y, rows, n, scale, e, nt);
-        if (nt) stream_fence();
-        return;
+    if constexpr (std::is_same_v<T, float>) {
+        if ((mode == SM_PLAIN || mode == SM_MASK) && softmax_lines<T>(x, y, n)) {
+            if (mode == SM_PLAIN) {
+                const Logits<true> z(scale);
+                softmax_rows_pipelined(x, y, rows, n, [&](int64_t) { return std::make_pair(z, false); }, e, nt);
+            } else {
+                softmax_rows_pipelined(
+                    x, y, rows, n,
+                    [&](int64_t r) {
+                        const int64_t grow = row0 + r;
+                        const int64_t mb = mask_batches == 1 ? 0 : (grow / sq) / heads;  // as below
+                        const uint8_t* mr = mask + mb * sq * n + (grow % sq) * n;
+                        return std::make_pair(MaskedLogits{vset(scale), mr}, !std::memchr(mr, 0, (size_t)n));
+                    },
+                    e, nt);
+            }
+            if (nt) stream_fence();
+            return;
+        }
     }
     const V vs = vset(scale);
     for (int64_t r = 0; r < rows; ++r) {

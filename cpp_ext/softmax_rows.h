@@ -6,7 +6,41 @@ namespace to {
 namespace TO_NS {
 namespace {
 
-// The shift c of a row (softmax_row's: the max of its first SHIFT_LANES logits, in its order).
+// The logits of a row of x, as softmax_row's z(i) / zp(i, k) give them: full(x, i) lanes [i,
+// i + W), part(x, i, k) k of them (the rest anything). SCALED: TE's z = x * scale (tsoftmax_k's,
+// through vopaque as there).
+template <bool SCALED>
+struct Logits {
+    V vs = vset(1.0f);
+    Logits() = default;
+    explicit Logits(float scale) : vs(vset(scale)) {}
+    template <class T>
+    inline V full(const T* x, int64_t i) const { return f(vload(x + i)); }
+    template <class T>
+    inline V part(const T* x, int64_t i, int64_t k) const { return f(vload_part(x + i, k, 0.f)); }
+    inline V f(V v) const {
+        if constexpr (SCALED) return vopaque(v * vs);
+        return v;
+    }
+};
+
+// TE's masked logits (tsoftmax_k's SM_MASK): x * scale, -10000 where the row's mask byte is set.
+struct MaskedLogits {
+    V vs = vset(1.0f);
+    const uint8_t* mr = nullptr;
+    template <class T>
+    inline V full(const T* x, int64_t i) const {
+        return vsel(vmask_u8(mr + i), vset(-10000.0f), vopaque(vload(x + i) * vs));
+    }
+    template <class T>
+    inline V part(const T* x, int64_t i, int64_t k) const {
+        const V v = vopaque(vload_part(x + i, k, 0.f) * vs);
+        alignas(64) float mk[W];
+        for (int64_t j = 0; j < W; ++j) mk[j] = (j < k && mr[i + j]) ? 1.0f : 0.0f;
+        return vsel(vlt(vset(0.5f), vload(mk)), vset(-10000.0f), v);
+    }
+};
+
 // Lanes [0, k) of v, the rest -Inf (for a max; softmax_row's vmax_part).
 inline V with_ninf_past(V v, int64_t k) {
     alignas(64) float t[W];
@@ -14,6 +48,7 @@ inline V with_ninf_past(V v, int64_t k) {
     return vload_part(t, k, -__builtin_inff());
 }
 
+// The shift c of a row (softmax_row's: the max of its first SHIFT_LANES logits, in its order).
 template <class T, class Z>
 inline float head_max(const T* x, int64_t n, const Z& z) {
     const int64_t end = n < SHIFT_LANES ? n : SHIFT_LANES;
@@ -21,11 +56,11 @@ inline float head_max(const T* x, int64_t n, const Z& z) {
     V m0 = vset(ninf), m1 = vset(ninf);
     int64_t i = 0;
     for (; i + 2 * W <= end; i += 2 * W) {
-        m0 = vmax(m0, z(vload(x + i)));
-        m1 = vmax(m1, z(vload(x + i + W)));
+        m0 = vmax(m0, z.full(x, i));
+        m1 = vmax(m1, z.full(x, i + W));
     }
-    for (; i + W <= end; i += W) m0 = vmax(m0, z(vload(x + i)));
-    if (i < end) m0 = vmax(m0, with_ninf_past(z(vload_part(x + i, end - i, 0.f)), end - i));
+    for (; i + W <= end; i += W) m0 = vmax(m0, z.full(x, i));
+    if (i < end) m0 = vmax(m0, with_ninf_past(z.part(x, i, end - i), end - i));
     return hmax(vmax(m0, m1));
 }
 
@@ -33,31 +68,20 @@ inline float head_max(const T* x, int64_t n, const Z& z) {
 // step at a time so that the previous row's write can carry it (rowio.h StepWith), as the
 // norms carry the next row's statistics: e = e^(x - c) into the scratch row, its sum in the
 // same blocks and order, so the row's output is bitwise what softmax_row gives it.
-// SCALED: TE's logits z = x * scale (tsoftmax_k's, through vopaque as there).
-template <bool SCALED>
-struct Logits {
-    V vs;
-    explicit Logits(float scale) : vs(vset(scale)) {}
-    inline V operator()(V x) const {
-        if constexpr (SCALED) return vopaque(x * vs);
-        return x;
-    }
-};
-
-template <bool LP, bool SCALED, class T>
+template <bool LP, class Z, class T>
 struct ExpSteps {
     const T* x = nullptr;
     float* e = nullptr;
     int64_t n = 0, i = 0, end = 0;
     bool open = false;
-    Logits<SCALED> z{1.0f};
+    Z z{};
     V vc = vset(0.0f), m0 = vset(-__builtin_inff()), m1 = vset(-__builtin_inff()), s0 = vset(0.0f), s1 = vset(0.0f);
     double sum = 0.0;
     ExpSteps() = default;
-    ExpSteps(const T* x_, float* e_, int64_t n_, float c, Logits<SCALED> z_)
+    ExpSteps(const T* x_, float* e_, int64_t n_, float c, Z z_)
         : x(x_), e(e_), n(n_), end(n_ > 1024 ? 1024 : n_), open(n_ > 0), z(z_), vc(vset(c)) {}
     inline void pair() {
-        const V z0 = z(vload(x + i)), z1 = z(vload(x + i + W));
+        const V z0 = z.full(x, i), z1 = z.full(x, i + W);
         m0 = vmax(m0, z0);
         m1 = vmax(m1, z1);
         const V v0 = vexp_shift<LP>(z0, vc), v1 = vexp_shift<LP>(z1, vc);
@@ -70,7 +94,7 @@ struct ExpSteps {
     void close() {  // the block's last vectors, its sum into the double total
         for (; i < end; i += W) {
             const int64_t k = end - i < W ? end - i : W;
-            const V zz = z(k == W ? vload(x + i) : vload_part(x + i, k, 0.f));
+            const V zz = k == W ? z.full(x, i) : z.part(x, i, k);
             m0 = vmax(m0, k == W ? zz : with_ninf_past(zz, k));
             V v = vexp_shift<LP>(zz, vc);
             st(e + i, v, k);
@@ -96,11 +120,11 @@ struct ExpSteps {
 };
 
 // Steps of the next row's exp pass taken before the write of y[0, n) begins, so that its loads
-// run at or just past, modulo 4 KiB, the write's stores: a load is matched against older
-// stores by its low 12 address bits, and one that overlapped a pending streaming store of the
-// row being written waited for it (4 KiB aliasing). x and y at np.empty's offset (16 past a
-// line) put the loads a streaming head's length behind the stores: fp32 0.81x, 16-bit 0.58x
-// the unpipelined form before this lead (ab_builds.py --copies 2 --rounds 9, Zen 4).
+// run at or just past, modulo 4 KiB, the write's stores (a load is matched against older
+// stores by its low 12 address bits: loads a streaming head's length behind pending streaming
+// stores could wait for them). At np.empty's placement (16 past a line) it lifted fp32 from
+// 0.81x to 0.92-0.95x the unpipelined loop, not to 1, so that placement keeps the unpipelined
+// loop (softmax_lines); rows on lines with x and y at one page offset start at 0.
 template <class S, class T>
 inline void lead_writes(S& s, const T* y, int64_t n, bool nt) {
     int64_t head = 0;
@@ -120,41 +144,64 @@ inline void lead_writes(S& s, const T* y, int64_t n, bool nt) {
 // above its shift runs its exp pass again with c = its max before its write, as softmax_row
 // does. ab_builds.py --copies 2 --rounds 9 --out-offset 0 against softmax_row's loop, 8192 x
 // 4096, Zen 4: fp32 softmax 1.10-1.20x (eight runs), TE's plain scaled softmax 1.10-1.21x,
-// the unchanged bf16 rows beside them 0.97-1.09x (one run 1.16-1.27x): ~5-12 % net. Only AVX-512 fp32 rows on 64-byte lines (softmax_lines): with
-// np.empty's placement (16 past a line) the same loop ran fp32 0.81-0.95x, fp16 / bf16
-// 0.58-0.72x off a line and 0.89-0.95x on one, the AVX2 variant's fp32 0.94-0.99x (CONTRIBUTING
-// "Softmax rows pipelined"). x's rows, scale as tsoftmax_k's when SCALED; scratch:
-// softmax_scratch(n) floats.
-template <bool SCALED, class T>
-void softmax_rows_pipelined(const T* x, T* y, int64_t rows, int64_t n, float scale, float* scratch, bool nt) {
+// the unchanged bf16 rows beside them 0.97-1.09x (one run 1.16-1.27x): ~5-12 % net; TE's
+// masked form 1.08 / 1.14x against the build that pipelined only the other two. Only
+// AVX-512 fp32 rows on 64-byte lines (softmax_lines): with np.empty's placement (16 past a
+// line) the same loop ran fp32 0.81-0.95x, fp16 / bf16 0.58-0.72x off a line and 0.89-0.95x on
+// one, the AVX2 variant's fp32 0.94-0.99x (CONTRIBUTING "Softmax rows pipelined").
+// zrow(r) gives row r's logits (Logits, MaskedLogits) and whether the row is empty (TE's rows
+// whose every element is masked: zeros). scratch: softmax_scratch(n) floats.
+template <class T, class ZRow>
+void softmax_rows_pipelined(const T* x, T* y, int64_t rows, int64_t n, const ZRow& zrow, float* scratch, bool nt) {
     constexpr bool LP = sizeof(T) == 2;
-    using Steps = ExpSteps<LP, SCALED, T>;
-    const Logits<SCALED> z(scale);
+    using Z = decltype(zrow(0).first);
+    using Steps = ExpSteps<LP, Z, T>;
     float* ea = scratch;                          // row r's e
     float* eb = scratch + softmax_row_floats(n);  // row r + 1's, during row r's write
-    float c = rows > 0 ? head_max(x, n, z) : 0.0f;
-    Steps cur = rows > 0 ? Steps(x, ea, n, c, z) : Steps();
-    cur.finish();
-    for (int64_t r = 0; r < rows; ++r) {
-        const T* xr = x + r * n;
-        if (!(cur.max() - c <= SHIFT_MAX)) {  // far above the shift, Inf or NaN: shift by the row's max
-            c = cur.max();
-            cur = Steps(xr, ea, n, c, z);
+    bool empty = true;
+    float c = 0.0f;
+    Steps cur;
+    if (rows > 0) {
+        const auto [z0, e0] = zrow(0);
+        empty = e0;
+        if (!empty) {
+            c = head_max(x, n, z0);
+            cur = Steps(x, ea, n, c, z0);
             cur.finish();
         }
-        const V inv = vset((float)(1.0 / cur.sum));
-        const bool more = r + 1 < rows;
-        const float c1 = more ? head_max(xr + n, n, z) : 0.0f;
+    }
+    for (int64_t r = 0; r < rows; ++r) {
+        const T* xr = x + r * n;
+        if (!empty && !(cur.max() - c <= SHIFT_MAX)) {  // far above the shift, Inf or NaN: shift by the row's max
+            c = cur.max();
+            cur = Steps(xr, ea, n, c, cur.z);
+            cur.finish();
+        }
+        const V inv = vset(empty ? 0.0f : (float)(1.0 / cur.sum));
+        bool empty1 = true;
+        float c1 = 0.0f;
+        Steps next;
+        if (r + 1 < rows) {
+            const auto [z1, e1] = zrow(r + 1);
+            empty1 = e1;
+            if (!empty1) {
+                c1 = head_max(xr + n, n, z1);
+                next = Steps(xr + n, eb, n, c1, z1);
+            }
+        }
         const float* er = ea;
         T* yr = y + r * n;
-        Steps next = more ? Steps(xr + n, eb, n, c1, z) : Steps();
         lead_writes(next, yr, n, nt);
-        cur = write_row(
-                  yr, n, nt, [&](int64_t j) { return vload(er + j) * inv; },
-                  [&](int64_t j, int64_t k) { return vload_part(er + j, k, 0.f) * inv; },
-                  StepWith<Steps>{next_row(xr + n, n, r + 2 < rows, n), next})
-                  .s;
+        const StepWith<Steps> sw{next_row(xr + n, n, r + 2 < rows, n), next};
+        if (empty)
+            cur = write_row(yr, n, nt, [&](int64_t) { return vset(0.0f); }, [&](int64_t, int64_t) { return vset(0.0f); }, sw).s;
+        else
+            cur = write_row(
+                      yr, n, nt, [&](int64_t j) { return vload(er + j) * inv; },
+                      [&](int64_t j, int64_t k) { return vload_part(er + j, k, 0.f) * inv; }, sw)
+                      .s;
         c = c1;
+        empty = empty1;
         std::swap(ea, eb);
     }
 }

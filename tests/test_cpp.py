@@ -477,16 +477,28 @@ def _line_aligned(shape, dtype, off=0):
 
 
 @pytest.mark.parametrize("n", [16, 48, 1040, 2064, 4096])
-@pytest.mark.parametrize("scale", [None, 0.3], ids=["softmax", "tex_scaled"])
-def test_softmax_pipelined_rows_match_rows_alone(C, n, scale):
+@pytest.mark.parametrize("scale,masked", [(None, False), (0.3, False), (0.3, True)],
+                         ids=["softmax", "tex_scaled", "tex_masked"])
+def test_softmax_pipelined_rows_match_rows_alone(C, n, scale, masked):
     """fp32 softmax (and TE's plain scaled softmax) with x and y on line boundaries takes row
     r+1's exp pass inside row r's write (softmax.cpp softmax_rows_pipelined, ExpSteps; a second
     scratch row): every row bitwise what the unpipelined form (softmax_row, which x off a line
     takes) gives, streaming stores forced and not, y off a line (the unpipelined form again), in
     place; rows that run their exp pass twice (a max far above the first 256 logits, +Inf, NaN)
     between pipelined ones, widths that end 1024-element blocks mid-pair, and an all -Inf row
-    (NaN, as the float64 formula)."""
-    if scale is None:
+    (NaN, as the float64 formula); TE's masked form with a fully masked row (zeros) between."""
+    mask = np.random.default_rng(n).random((9, n)) < 0.3
+    mask[6] = True                   # every element masked: zeros
+    mask[8] = False
+    mask[2, -1] = mask[3, n // 2] = mask[4, 1] = False   # the 60, +Inf and NaN count
+    mask = mask.astype(np.uint8)
+    if masked:
+        def call(a, out=None, rows=slice(None)):
+            out = np.empty_like(a) if out is None else out
+            m = np.ascontiguousarray(mask[rows])
+            C.tex_softmax(a, out, scale, 1, m, 1, len(m))
+            return out
+    elif scale is None:
         def call(a, out=None):
             return C.softmax(a, out)
     else:
@@ -506,11 +518,17 @@ def test_softmax_pipelined_rows_match_rows_alone(C, n, scale):
     xo = _line_aligned(v.shape, np.float32, off=4)   # off a line: softmax_row's loop
     xo[...] = v
     want = call(xo)
-    np.testing.assert_array_equal(np.concatenate([call(x[i:i + 1]) for i in range(len(x))]), want)
+    alone = [call(x[i:i + 1], rows=slice(i, i + 1)) if masked else call(x[i:i + 1]) for i in range(len(x))]
+    np.testing.assert_array_equal(np.concatenate(alone), want)
+    z = (x * np.float32(scale or 1.0)).astype(np.float64)   # the logits as fp32 products, as TE's
+    if masked:
+        z[mask.astype(bool)] = -10000.0
+    ok = np.r_[0:3, 5, 8] if masked else np.r_[0:3, 5, 6, 8]
     with np.errstate(all="ignore"):
-        ok = np.r_[0:3, 5, 6, 8]
-        check(want[ok], ref.softmax(x[ok].astype(np.float64) * (scale or 1.0)), "float32")
-    assert np.isnan(want[[3, 4, 7]]).all()
+        check(want[ok], ref.softmax(z[ok]), "float32")
+    if masked:
+        assert not want[6].any()
+    assert np.isnan(want[[3, 4] if masked else [3, 4, 7]]).all()
     old = C.build_info()["nontemporal_threshold_bytes"]
     try:
         for threshold in (0, old):
