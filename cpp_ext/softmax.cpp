@@ -223,19 +223,21 @@ void tsoftmax_k(const void* xv, void* yv, int64_t rows, int64_t n, float scale, 
                 int64_t mask_batches, int64_t heads, int64_t row0, int64_t sq, int64_t causal_off, float* e, bool nt) {
     const T* x = (const T*)xv;
     T* y = (T*)yv;
+    const Logits<true> plain(scale);
+    const auto mask_row = [&](int64_t grow) {  // mask [b|1, 1, sq, sk]
+        const int64_t mb = mask_batches == 1 ? 0 : (grow / sq) / heads;
+        return mask + mb * sq * n + (grow % sq) * n;
+    };
     if constexpr (std::is_same_v<T, float>) {
         if ((mode == SM_PLAIN || mode == SM_MASK) && softmax_lines<T>(x, y, n)) {
             if (mode == SM_PLAIN) {
-                const Logits<true> z(scale);
-                softmax_rows_pipelined(x, y, rows, n, [&](int64_t) { return std::make_pair(z, false); }, e, nt);
+                softmax_rows_pipelined(x, y, rows, n, [&](int64_t) { return std::make_pair(plain, false); }, e, nt);
             } else {
                 softmax_rows_pipelined(
                     x, y, rows, n,
                     [&](int64_t r) {
-                        const int64_t grow = row0 + r;
-                        const int64_t mb = mask_batches == 1 ? 0 : (grow / sq) / heads;  // as below
-                        const uint8_t* mr = mask + mb * sq * n + (grow % sq) * n;
-                        return std::make_pair(MaskedLogits{vset(scale), mr}, !std::memchr(mr, 0, (size_t)n));
+                        const uint8_t* mr = mask_row(row0 + r);
+                        return std::make_pair(MaskedLogits{plain.vs, mr}, !std::memchr(mr, 0, (size_t)n));
                     },
                     e, nt);
             }
@@ -243,7 +245,6 @@ void tsoftmax_k(const void* xv, void* yv, int64_t rows, int64_t n, float scale, 
             return;
         }
     }
-    const V vs = vset(scale);
     for (int64_t r = 0; r < rows; ++r) {
         const T* xr = x + r * n;
         T* yr = y + r * n;
@@ -254,8 +255,7 @@ void tsoftmax_k(const void* xv, void* yv, int64_t rows, int64_t n, float scale, 
             const int64_t lim = grow % sq + causal_off;  // last allowed column
             len = lim < 0 ? 0 : (lim + 1 < n ? lim + 1 : n);
         } else if (mode == SM_MASK) {
-            const int64_t mb = mask_batches == 1 ? 0 : (grow / sq) / heads;  // mask [b|1, 1, sq, sk]
-            mr = mask + mb * sq * n + (grow % sq) * n;
+            mr = mask_row(grow);
             if (!std::memchr(mr, 0, (size_t)n)) len = 0;  // every element masked
         }
         if (len == 0) {
@@ -263,20 +263,17 @@ void tsoftmax_k(const void* xv, void* yv, int64_t rows, int64_t n, float scale, 
             continue;
         }
         const Prefetch pf = next_row(xr, n, r + 1 < rows, 2 * n);
-        // vopaque: the logits are rounded products (see vexp_shift)
-        const auto zp = [&](int64_t i, int64_t k) {
-            V v = vopaque(vload_part(xr + i, k, 0.f) * vs);
-            if (!mr) return v;
-            alignas(64) float mk[W];
-            for (int64_t j = 0; j < W; ++j) mk[j] = (j < k && mr[i + j]) ? 1.0f : 0.0f;
-            return vsel(vlt(vset(0.5f), vload(mk)), vset(-10000.0f), v);
-        };
-        if (mr)
+        // the logits (softmax_rows.h Logits, MaskedLogits): rounded products (see vexp_shift)
+        if (mr) {
+            const MaskedLogits z{plain.vs, mr};
             softmax_row<sizeof(T) == 2>(
-                yr, n, len, e, nt, pf,
-                [&](int64_t i) { return vsel(vmask_u8(mr + i), vset(-10000.0f), vopaque(vload(xr + i) * vs)); }, zp);
-        else
-            softmax_row<false>(yr, n, len, e, nt, pf, [&](int64_t i) { return vopaque(vload(xr + i) * vs); }, zp);
+                yr, n, len, e, nt, pf, [&](int64_t i) { return z.full(xr, i); },
+                [&](int64_t i, int64_t k) { return z.part(xr, i, k); });
+        } else {
+            softmax_row<false>(
+                yr, n, len, e, nt, pf, [&](int64_t i) { return plain.full(xr, i); },
+                [&](int64_t i, int64_t k) { return plain.part(xr, i, k); });
+        }
     }
     if (nt) stream_fence();
 }

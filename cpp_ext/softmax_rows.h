@@ -7,8 +7,8 @@ namespace TO_NS {
 namespace {
 
 // The logits of a row of x, as softmax_row's z(i) / zp(i, k) give them: full(x, i) lanes [i,
-// i + W), part(x, i, k) k of them (the rest anything). SCALED: TE's z = x * scale (tsoftmax_k's,
-// through vopaque as there).
+// i + W), part(x, i, k) k of them (the rest anything). SCALED: TE's z = x * scale, a rounded
+// product (vopaque; see vexp_shift). tsoftmax_k's unpipelined rows read them too.
 template <bool SCALED>
 struct Logits {
     V vs = vset(1.0f);
@@ -24,7 +24,7 @@ struct Logits {
     }
 };
 
-// TE's masked logits (tsoftmax_k's SM_MASK): x * scale, -10000 where the row's mask byte is set.
+// TE's masked logits (SM_MASK): x * scale, -10000 where the row's mask byte is set.
 struct MaskedLogits {
     V vs = vset(1.0f);
     const uint8_t* mr = nullptr;
@@ -119,25 +119,6 @@ struct ExpSteps {
     inline float max() const { return hmax(vmax(m0, m1)); }
 };
 
-// Steps of the next row's exp pass taken before the write of y[0, n) begins, so that its loads
-// run at or just past, modulo 4 KiB, the write's stores (a load is matched against older
-// stores by its low 12 address bits: loads a streaming head's length behind pending streaming
-// stores could wait for them). At np.empty's placement (16 past a line) it lifted fp32 from
-// 0.81x to 0.92-0.95x the unpipelined loop, not to 1, so that placement keeps the unpipelined
-// loop (softmax_lines); rows on lines with x and y at one page offset start at 0.
-template <class S, class T>
-inline void lead_writes(S& s, const T* y, int64_t n, bool nt) {
-    int64_t head = 0;
-    if (nt && W > 1) {  // where write_row's streamed body starts
-        const uintptr_t A = (uintptr_t)W * sizeof(T), mis = (uintptr_t)y % A;
-        head = mis ? (int64_t)((A - mis) / sizeof(T)) : 0;
-        if (head > n) head = n;
-    }
-    const uintptr_t delta = ((uintptr_t)(y + head) - (uintptr_t)(s.x)) % 4096;
-    const int64_t k0 = (int64_t)((delta + sizeof(T) - 1) / sizeof(T));
-    while (s.open && s.i < k0) s();
-}
-
 // Rows pipelined (as the norms', norm.cpp): row r's write pass from the scratch row also runs
 // row r + 1's exp pass from memory into the other scratch row (ExpSteps), while row r + 2 is
 // prefetched, so reads and streaming writes overlap; a row whose max is more than SHIFT_MAX
@@ -191,7 +172,6 @@ void softmax_rows_pipelined(const T* x, T* y, int64_t rows, int64_t n, const ZRo
         }
         const float* er = ea;
         T* yr = y + r * n;
-        lead_writes(next, yr, n, nt);
         const StepWith<Steps> sw{next_row(xr + n, n, r + 2 < rows, n), next};
         if (empty)
             cur = write_row(yr, n, nt, [&](int64_t) { return vset(0.0f); }, [&](int64_t, int64_t) { return vset(0.0f); }, sw).s;
