@@ -31,9 +31,14 @@ derivatives (``tex_d<act>``, e.g. ``tex_dgelu``; ``tex_dbias_d<act>`` with the b
 ``tex_dglu_<act>``, the gated ones on (rows, [width/2 | width/2]) rows: ``tex_dglu_silu`` is dswiglu,
 ``tex_dglu_gelu`` TE's tanh dgeglu)
 and norm backwards (``tex_rms_norm_bwd``, ``tex_layer_norm_bwd``: dx and dgamma (+ dbeta)).
+The autograd's kernels (``tensor_ops.torch``'s backward and helpers) are ``ag_gelu_erf_bwd``,
+``ag_tanh``, ``ag_exp`` and ``ag_glu2_bwd_<act>`` (``silu``, ``gelu``, ``gelu_tanh``; (rows, width/2)
+halves), out= given.
 ``tex_sgd`` and ``tex_adam`` are the optimizer steps on one flat tensor (in place: the parameters
 drift a little each call). ``--out-offset 0`` puts every array of a call (inputs and outputs) on a 64-byte boundary
-instead, at one page offset, as torch allocates them (what TE's calls see).
+instead, at one page offset, as torch allocates them (what TE's calls see). ``--data`` sets x:
+standard normal (default), ``wide`` (8 times that) or ``codes`` (16-bit dtypes: every finite code
+equally likely, the worst case of lut16.h's tables).
 """
 from __future__ import annotations
 
@@ -106,13 +111,45 @@ def _placed(a, offset):
     return b
 
 
-def _tex_calls(mod, op: str, dtype: str, rows: int, offset=None, width: int = 4096):
+def _spread(x: np.ndarray, data: str) -> np.ndarray:
+    """x as --data asks: itself (normal), 8 x (wide), or every finite 16-bit code equally likely."""
+    if data == "normal":
+        return x
+    if data == "wide":
+        return (x.astype(np.float32) * 8).astype(x.dtype)
+    if x.itemsize != 2:
+        raise SystemExit(f"--data codes: 16-bit dtypes only, got {x.dtype}")
+    c = np.random.default_rng(1).integers(0, 65536, 2 * x.size, dtype=np.uint16)
+    top = 31 << 10 if x.dtype == np.float16 else 255 << 7  # the exponent field all ones: Inf / NaN
+    return c[(c & top) != top][:x.size].reshape(x.shape).view(x.dtype)
+
+
+def _ag_calls(mod, op: str, x: np.ndarray, out: np.ndarray, kw: dict, offset):
+    """The autograd's kernels on x, out= given."""
+    if op in ("ag_tanh", "ag_exp"):
+        fn = getattr(mod, op[2:])
+        return lambda: fn(x, out=out, **kw)
+    g = _out_like(x, offset)
+    g[...] = x[::-1]
+    if op == "ag_gelu_erf_bwd":
+        return lambda: mod.gelu_erf_bwd(g, x, out, **kw)
+    h = x.shape[1] // 2  # ag_glu2_bwd_<act>: a, b the halves of x, dy (rows, h), each its own array
+    a, b, dy, da, db = (_out_like(x[:, :h], offset) for _ in range(5))
+    a[...], b[...], dy[...] = x[:, :h], x[:, h:], g[:, :h]
+    act = op[len("ag_glu2_bwd_"):]
+    return lambda: mod.glu2_bwd(dy, a, b, da, db, act=act, **kw)
+
+
+def _tex_calls(mod, op: str, dtype: str, rows: int, offset=None, width: int = 4096, data: str = "normal"):
     """The tex_* cases on (rows, width) (tex_softmax*: scale 0.125, a 20 % uint8 mask, causal
     square blocks), out= as for the other cases."""
     rng = np.random.default_rng(0)
-    x, bf = _native(_placed(rng.standard_normal((rows, width), np.float32).astype(dtype), offset))
+    x = _spread(rng.standard_normal((rows, width), np.float32).astype(dtype), data)
+    x, bf = _native(_placed(x, offset))
     kw = {"dtype": bf} if bf else {}
     out = _out_like(x, offset)
+    if op.startswith("ag_"):
+        return _ag_calls(mod, op, x, out, kw, offset)
     if op.startswith("tex_dglu_"):  # TE's gated derivatives (dswiglu: tex_dglu_silu): [a | b] rows, grad (rows, 2048)
         g = _out_like(x[:, :width // 2], offset)
         g[...] = x[::-1, width // 4:width // 4 + width // 2]
@@ -159,13 +196,13 @@ def _tex_calls(mod, op: str, dtype: str, rows: int, offset=None, width: int = 40
     return lambda: mod.tex_softmax(x, out, 0.125, mode, mask, heads, sq, 0, **kw)
 
 
-def calls(mod, op: str, dtype: str, rows: int, offset=None, width: int = 4096):
+def calls(mod, op: str, dtype: str, rows: int, offset=None, width: int = 4096, data: str = "normal"):
     """A no-argument call of ``op`` on ``mod`` with the benchmark's case, out= given (np.empty's,
     or ``offset`` bytes past a 64-byte boundary)."""
-    if op.startswith("tex_"):
-        return _tex_calls(mod, op, dtype, rows, offset, width)
+    if op.startswith(("tex_", "ag_")):
+        return _tex_calls(mod, op, dtype, rows, offset, width, data)
     case = bench_case(op, dtype, rows)
-    x, bf = _native(_placed(case.x, offset))
+    x, bf = _native(_placed(_spread(case.x, data), offset))
     args = [_native(_placed(a, offset))[0] if isinstance(a, np.ndarray) else a for a in case.args]
     kw = {"dtype": bf} if bf else {}
     outs = case.empty_out()
@@ -192,6 +229,8 @@ def main(argv=None) -> None:
     ap.add_argument("--out-offset", type=int, default=None,
                     help="every array at page + 64 + this (0: aligned, as torch's); "
                          "default: where np.empty puts them (16 past)")
+    ap.add_argument("--data", choices=["normal", "wide", "codes"], default="normal",
+                    help="x standard normal, 8 x that, or every finite 16-bit code equally likely")
     args = ap.parse_args(argv)
     with tempfile.TemporaryDirectory() as tmp:
         builds = {}
@@ -202,7 +241,7 @@ def main(argv=None) -> None:
                 shutil.copyfile(path, copy)
                 mods.append(load_other(copy))
             builds[name] = mods
-        fns = {(op, dt, name, c): calls(m, op, dt, args.rows, args.out_offset, args.width)
+        fns = {(op, dt, name, c): calls(m, op, dt, args.rows, args.out_offset, args.width, args.data)
                for op in args.ops for dt in args.dtypes for name, mods in builds.items() for c, m in enumerate(mods)}
         t = _bench.time_rounds(fns, 0, args.rounds)
     print(f"# this build: {_cpp.__file__}\n# other: {args.other}\n# {args.rounds} interleaved rounds, "

@@ -26,7 +26,8 @@ template <class T, int OP>
 void unary_k(const void* xv, void* yv, int64_t count, bool nt) {
     const T* x = (const T*)xv;
     T* y = (T*)yv;
-    const auto f = of_codes<T, use_lut16<T>() && OP != UN_RELU>([](V v) { return act<OP, low_prec<T>()>(v); });
+    constexpr bool ON = use_lut16<T>(OP == UN_GELU_ERF || OP == UN_TANH) && OP != UN_RELU;  // lut16.h
+    const auto f = of_codes<T, ON>([](V v) { return act<OP, low_prec<T>()>(v); });
     write_row(y, count, nt, [&](int64_t i) { return f.full(x + i); }, [&](int64_t i, int64_t k) { return f.part(x + i, k); });
     if (nt) stream_fence();
 }
@@ -37,7 +38,7 @@ void glu_k(const void* xv, void* yv, int64_t rows, int64_t h, bool nt) {
     constexpr int OP = G == GLU_SWIGLU ? UN_SILU : (G == GLU_GEGLU_ERF ? UN_GELU_ERF : UN_GELU_TANH);
     const T* x = (const T*)xv;
     T* y = (T*)yv;
-    const auto f = of_codes<T>([](V v) { return act<OP, low_prec<T>()>(v); });
+    const auto f = of_codes<T, use_lut16<T>(G == GLU_GEGLU_ERF)>([](V v) { return act<OP, low_prec<T>()>(v); });
     for (int64_t r = 0; r < rows; ++r) {
         const T* a = x + r * 2 * h;
         const T* b = a + h;

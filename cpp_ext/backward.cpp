@@ -85,9 +85,9 @@ inline void act_df(V x, V& f, V& df) {
 }
 
 // act(a) and act'(a) for a gated kernel's operand a of type T: read from a table of pairs (lut16.h)
-// where use_lut16<T>() (bf16 on AVX2 and scalar; relu's and squared relu's stay computed), else
-// computed by act_df. Same bits either way.
-template <class T, int ACT, bool ON = use_lut16<T>() && ACT != DA_RELU && ACT != DA_SRELU>
+// where use_lut16<T> (bf16 on AVX2 and scalar, fp16 on AVX2 for exact GELU only; relu's and
+// squared relu's stay computed), else computed by act_df. Same bits either way.
+template <class T, int ACT, bool ON = use_lut16<T>(ACT == A_GELU_ERF) && ACT != DA_RELU && ACT != DA_SRELU>
 struct ActDf {
     const float* t = nullptr;
     ActDf() {
@@ -114,7 +114,7 @@ void glu2_k(const void* av, const void* bv, void* yv, int64_t rows, int64_t h, i
     const T* A = (const T*)av;
     const T* B = (const T*)bv;
     T* Y = (T*)yv;
-    const auto f = of_codes<T>([](V v) { return act_f<ACT, sizeof(T) == 2>(v); });
+    const auto f = of_codes<T, use_lut16<T>(ACT == A_GELU_ERF)>([](V v) { return act_f<ACT, sizeof(T) == 2>(v); });
     for (int64_t r = 0; r < rows; ++r) {
         const T* a = A + r * sa;
         const T* b = B + r * sb;
@@ -210,7 +210,7 @@ template <class T>
 void gelu_erf_bwd_k(const void* dyv, const void* xv, void* dxv, int64_t count, bool nt) {
     const T* g = (const T*)dyv;
     const T* x = (const T*)xv;
-    const auto d = of_codes<T>([](V v) {
+    const auto d = of_codes<T, use_lut16<T>(true)>([](V v) {
         V f, df;
         act_df<A_GELU_ERF>(v, f, df);
         return df;

@@ -18,11 +18,20 @@
 // flush-to-zero or denormals-are-zero): a caller that set FTZ/DAZ (torch.set_flush_denormal)
 // got those flushes from the computing kernel and gets the default results here.
 //
-// Where: bf16 on AVX2 and scalar. Not fp16: 8192 x 4096 standard normal values hold 32851
-// distinct fp16 codes (10 mantissa bits) and 4928 bf16 ones (7), a table beyond L1 (128 KiB of
-// it against 19 KiB), and F16C widens in one instruction: fp16 dsilu / dqgelu measured 0.76x
-// computed. Not AVX-512: on a Zen 4 the table read by vgatherdps was 0.52-1.09x of computing
-// (silu 0.52x, dgelu 1.09x), by 16 scalar loads 0.57-1.04x (CONTRIBUTING.md). AVX2 reads 8 values
+// Where: bf16 on AVX2 and scalar; fp16 on AVX2 for the dear functions only (use_lut16's
+// f16_too). 8192 x 4096 standard normal values hold 32851 distinct fp16 codes (10 mantissa
+// bits) and 4928 bf16 ones (7): 128 KiB of the table against 19 KiB, past L1 but in L2, and
+// F16C widens in one instruction. `ab_builds.py --copies 2 --rounds 9` on Zen 3 (2026-12-04),
+// fp16 read against computed: erf-GELU 1.37-1.42x, geglu 1.22x, TE's dgelu (tanh) 1.51x, dsilu
+// 1.21x, dbias_dgelu 1.34x, dbias_dsilu 1.14x, dqgelu 1.11x, dsigmoid 1.14x, the autograd's
+// exact-GELU backward 2.3x, tanh 2.6x, erf geglu's gated backward (pair table) 1.7x; but silu
+// 0.79-0.83x, swiglu 0.81x, TE's gated dswiglu / dqgeglu 0.75-0.77x (pairs), tanh-GELU 1.02x
+// and its gated backward 1.00-1.14x: those stay computed (fp16 dsilu read 0.76x on
+// 2026-11-29; why it gains now was not found). The table's worst case, every finite fp16 code equally likely (a
+// random 256 KiB walk in L2), ran erf-GELU 0.77x, dgelu 0.97x, dsilu 0.76x; standard normal x
+// 8 gained as x did (1.30-1.75x). Not AVX-512: on a Zen 4 the table read by vgatherdps was
+// 0.52-1.09x of computing (silu 0.52x, dgelu 1.09x), by 16 scalar loads 0.57-1.04x
+// (CONTRIBUTING.md). AVX2 reads 8 values
 // by 8 scalar loads: vpgatherdd took ~35 TSC cycles per 16 values in the loop above where the
 // scalar loads took ~22, two 128-bit gathers ~43.
 // Memory: 256 KiB per (function, ISA variant) (512 KiB for a pair table), zero pages until the
@@ -38,13 +47,14 @@ namespace to {
 namespace TO_NS {
 namespace {
 
-#if TO_ISA == 2
+// Whether a kernel reads its function of a T operand from the table: bf16 on AVX2 and scalar;
+// fp16 on AVX2 only where the caller says the function is dear enough (f16_too: erf-GELU, tanh,
+// the flat derivatives), since F16C widens in one instruction and fp16's finer codes spread
+// over more of the table (the header comment).
 template <class T>
-constexpr bool use_lut16() { return false; }
-#else
-template <class T>
-constexpr bool use_lut16() { return std::is_same<T, bf16>::value; }
-#endif
+constexpr bool use_lut16(bool f16_too = false) {
+    return TO_ISA != 2 && (std::is_same<T, bf16>::value || (TO_ISA == 1 && f16_too && std::is_same<T, f16>::value));
+}
 
 // put(c, x) for every code c, W codes at a time (x: the W values c.. c + W - 1, widened as the
 // kernels widen), under the default MXCSR: nearest, all exceptions masked, no FTZ / DAZ.
@@ -154,7 +164,8 @@ inline void vlut2_part(const float* t, const T* p, int64_t k, V& f, V& g) {
 }
 
 // f(x) for a kernel's operand x of type T, x given by its address: read from f's table when ON
-// (use_lut16<T>() by default; a kernel whose f is cheaper than the lookup passes false), else
+// (use_lut16<T>() by default, bf16 only; a dear f passes use_lut16<T>(true), fp16 too on AVX2;
+// a kernel whose f is cheaper than the lookup passes false), else
 // computed as before. full: W lanes at p; part: lanes [0, k), the rest f(+0.0).
 template <class T, class F, bool ON>
 struct OfCodes {

@@ -78,14 +78,15 @@ inline auto stored_summed(V v, float* acc, int64_t k) {
 }
 
 // y = g * act'(x) over rows x n; with acc (fp32 [n]) the column sums of y are added to it.
-// act'(x) of a bf16 x is read from its table (lut16.h) on AVX2 and scalar, except relu's and
-// squared relu's, cheaper computed.
+// act'(x) of a bf16 x is read from its table (lut16.h) on AVX2 and scalar, of an fp16 x on
+// AVX2, except relu's and squared relu's, cheaper computed.
 template <class T, int OP>
 void dact_k(const void* gv, const void* xv, void* yv, int64_t rows, int64_t n, float* acc, bool nt) {
     const T* g = (const T*)gv;
     const T* x = (const T*)xv;
     T* y = (T*)yv;
-    const auto d = of_codes<T, use_lut16<T>() && OP != DA_RELU && OP != DA_SRELU>([](V v) { return dact_v<OP>(v); });
+    constexpr bool ON = use_lut16<T>(true) && OP != DA_RELU && OP != DA_SRELU;
+    const auto d = of_codes<T, ON>([](V v) { return dact_v<OP>(v); });
     if (!acc) {  // flat
         const int64_t cnt = rows * n;
         write_row(

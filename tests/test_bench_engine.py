@@ -387,11 +387,23 @@ def test_ab_builds_compares_two_loaded_builds(capsys):
     assert again is not other and again.rms_norm is not other.rms_norm
     ops = ("rms_norm", "add_rms_norm", "gelu_tanh", "rope", "tex_softmax", "tex_softmax_mask",
            "tex_softmax_causal", "tex_softmax_bwd", "tex_dgelu", "tex_dbias_dsilu", "tex_dglu_silu", "tex_sgd",
-           "tex_adam")
+           "tex_adam", "ag_gelu_erf_bwd", "ag_tanh", "ag_exp", "ag_glu2_bwd_gelu")
     mod.main([_cpp.__file__, "--ops", *ops, "--dtypes", "float32", "bfloat16", "--rows", "16", "--rounds", "1"])
     out = capsys.readouterr().out
     lines = [ln for ln in out.splitlines() if ln.split() and ln.split()[0] in ops]
-    assert len(lines) == 26 and not any("error" in ln for ln in lines), out
+    assert len(lines) == 34 and not any("error" in ln for ln in lines), out
+    # --data: x 8 x wider, or every finite 16-bit code (no Inf / NaN) equally likely
+    x = np.random.default_rng(0).standard_normal((64, 512), np.float32)
+    assert np.array_equal(mod._spread(x, "wide"), x * 8) and mod._spread(x, "normal") is x
+    for dt in (np.float16, np.dtype("bfloat16")):
+        c = mod._spread(x.astype(dt), "codes")
+        assert c.dtype == dt and c.shape == x.shape and np.isfinite(c.astype(np.float32)).all()
+        assert len(np.unique(c.view(np.uint16))) > 20000  # spread over the codes, not normal's few thousand
+    mod.main([_cpp.__file__, "--ops", "gelu", "tex_dsilu", "--dtypes", "float16", "--rows", "16", "--rounds", "1",
+              "--data", "codes"])
+    out = capsys.readouterr().out
+    assert sum(ln.split()[0] in ("gelu", "tex_dsilu") and "error" not in ln
+               for ln in out.splitlines() if ln.split()) == 2, out
     # --out-offset: every array of a call (inputs too, small ones too) at page + 64 + offset
     for n in (100, 1 << 22):
         for off in (0, 16):

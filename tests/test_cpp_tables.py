@@ -1,19 +1,22 @@
-"""The C++ backend's bf16 activations over every bf16 value (cpp_ext/lut16.h).
+"""The C++ backend's 16-bit activations over every 16-bit value (cpp_ext/lut16.h).
 
 On AVX2 and the scalar variant, a bf16 operand's act(x) / act'(x) is read from a table of the
-kernel's own fp32 function at all 65536 codes instead of computed. A table is only right if
+kernel's own fp32 function at all 65536 codes instead of computed, and on AVX2 an fp16
+operand's too for the dear functions (exact GELU and its backward, tanh, TE's flat
+derivatives; lut16.h's use_lut16). A table is only right if
 code c holds f(value of c) - an index off by one, a wrong widening or a tail lane that reads
 past its row would give another value - so these tests pass every code through every kernel
 that reads one, in rows whose length is off the vector width (partial tails):
 
 - the derivatives (TE's d<act>, the gated dglu, the autograd's glu2_bwd and exact-GELU
-  backward) compute in fp32 for every storage type and round once, so a bf16 call must give
-  bit for bit the fp32 call's result on the widened operands, rounded to bf16 (the fp32
+  backward) compute in fp32 for every storage type and round once, so a bf16 or fp16 call
+  must give bit for bit the fp32 call's result on the widened operands, rounded (the fp32
   kernels never read a table);
 - the forward activations use cheaper 16-bit forms (vmath.h LP), so they are held to the bf16
   rtol against the float64 oracle instead, with atol 1e-6 where the project's bf16 atol (0.016)
   would hide a table shifted by a code among the small values (all codes pass within 0.39 %
-  relative + 1e-6).
+  relative + 1e-6); fp16's exact GELU, geglu and tanh have no 16-bit form outside AVX-512,
+  so there they are held to the fp32 kernel's bits as the derivatives are.
 
 Run under every ISA variant by CI (TENSOR_OPS_MAX_ISA=scalar|avx2); AVX-512 builds compute and
 must pass the same checks.
@@ -39,6 +42,45 @@ def C():
     return cpp_native()
 
 
+class Fmt:
+    """How a 16-bit type's codes (uint16 bits) are passed to the kernels and widened."""
+
+    def __init__(self, name: str):
+        self.name, self.fp16 = name, name == "float16"
+        self.kw = {} if self.fp16 else BF
+
+    def arr(self, bits: np.ndarray) -> np.ndarray:
+        return bits.view(np.float16) if self.fp16 else bits
+
+    def bits(self, a: np.ndarray) -> np.ndarray:
+        return a.view(np.uint16)
+
+    def widen(self, a: np.ndarray) -> np.ndarray:
+        """The kernel operand -> the float32 values it holds."""
+        return a.astype(np.float32) if self.fp16 else widen(a)
+
+    def rounded(self, C, want32: np.ndarray) -> np.ndarray:
+        """want32 as this build's 16-bit stores round it, as bits: to nearest even, and on the
+        avx512bf16 variant, whose vcvtneps2bf16 treats a subnormal fp32 input as zero (simd.h),
+        those bf16 values as a zero of their sign."""
+        if self.fp16:
+            with np.errstate(over="ignore"):
+                return want32.astype(np.float16).view(np.uint16)
+        want = to_bf16(want32)
+        if C.ISA == "avx512bf16":
+            sub = (np.abs(want32) < np.float32(2.0 ** -126)) & (want32 != 0)
+            want[sub] = np.signbit(want32[sub]).astype(np.uint16) << 15
+        return want
+
+    def normal(self, shape, seed: int) -> np.ndarray:
+        v = np.random.default_rng(seed).standard_normal(shape).astype(np.float32)
+        return v.astype(np.float16) if self.fp16 else to_bf16(v)
+
+
+FMTS = [Fmt("bfloat16"), Fmt("float16")]
+fmts = pytest.mark.parametrize("fmt", FMTS, ids=lambda f: f.name)
+
+
 def value64(bits: np.ndarray) -> np.ndarray:
     """bf16 bits -> float64 (signalling NaN codes quietly become NaN)."""
     with np.errstate(invalid="ignore"):
@@ -46,76 +88,83 @@ def value64(bits: np.ndarray) -> np.ndarray:
 
 
 def every_code(rows: int, n: int, seed: int) -> np.ndarray:
-    """(rows, n) bf16 bits holding all 65536 codes (shuffled; rows * n >= 65536)."""
+    """(rows, n) 16-bit codes (uint16) holding all 65536 (shuffled; rows * n >= 65536)."""
     rng = np.random.default_rng(seed)
     reps = -(-rows * n // 65536)
     codes = np.concatenate([rng.permutation(65536) for _ in range(reps)]).astype(np.uint16)
     return codes[: rows * n].reshape(rows, n)
 
 
-def normal_bf16(shape, seed: int) -> np.ndarray:
-    return to_bf16(np.random.default_rng(seed).standard_normal(shape).astype(np.float32))
-
-
-def rounded_bf16(C, want32: np.ndarray) -> np.ndarray:
-    """want32 as this build's bf16 stores round it: to nearest even, and on the avx512bf16
-    variant, whose vcvtneps2bf16 treats a subnormal fp32 input as zero (simd.h), those values
-    as a zero of their sign."""
-    want = to_bf16(want32)
-    if C.ISA == "avx512bf16":
-        sub = (np.abs(want32) < np.float32(2.0 ** -126)) & (want32 != 0)
-        want[sub] = np.signbit(want32[sub]).astype(np.uint16) << 15
-    return want
-
-
-def assert_bits(C, got: np.ndarray, want32: np.ndarray, what: str):
-    """got (bf16 bits) is want32 rounded to bf16 (rounded_bf16); NaN where want32 is NaN (any payload)."""
-    want = rounded_bf16(C, want32)
+def assert_bits(C, fmt: Fmt, got: np.ndarray, want32: np.ndarray, what: str):
+    """got (a 16-bit kernel output) is want32 rounded (Fmt.rounded); NaN where want32 is NaN (any payload)."""
+    want, gotb = fmt.rounded(C, want32), fmt.bits(got)
     nan = np.isnan(want32)
-    assert np.array_equal(np.isnan(widen(got)), nan), f"{what}: NaN positions differ"
-    bad = np.flatnonzero((got != want) & ~nan)
-    assert bad.size == 0, (f"{what}: {bad.size} values differ from the fp32 kernel's, first at flat index "
-                           f"{bad[0]}: {got.flat[bad[0]]:#06x} != {want.flat[bad[0]]:#06x}")
+    assert np.array_equal(np.isnan(fmt.widen(got)), nan), f"{fmt.name} {what}: NaN positions differ"
+    bad = np.flatnonzero((gotb != want) & ~nan)
+    assert bad.size == 0, (f"{fmt.name} {what}: {bad.size} values differ from the fp32 kernel's, first at flat "
+                           f"index {bad[0]}: {gotb.flat[bad[0]]:#06x} != {want.flat[bad[0]]:#06x}")
 
 
 SHAPES = [(16, 4099), (7, 9363)]  # rows * n >= 65536, n off the vector width
 
 
+@fmts
 @pytest.mark.parametrize("shape", SHAPES, ids=str)
-def test_cpp_bf16_derivatives_every_code_match_fp32(C, shape):
-    x = every_code(*shape, seed=1)
-    g = normal_bf16(shape, seed=2)
+def test_cpp_16bit_derivatives_every_code_match_fp32(C, fmt, shape):
+    x = fmt.arr(every_code(*shape, seed=1))
+    g = fmt.normal(shape, seed=2)
     for name, kind in C.DACT_CODES.items():
         out = np.empty_like(x)
-        C.dact(g, x, out, kind, None, **BF)
+        C.dact(g, x, out, kind, None, **fmt.kw)
         out32 = np.empty(shape, np.float32)
-        C.dact(widen(g), widen(x), out32, kind, None)
-        assert_bits(C, out, out32, f"d{name}")
+        C.dact(fmt.widen(g), fmt.widen(x), out32, kind, None)
+        assert_bits(C, fmt, out, out32, f"d{name}")
         db = np.zeros(shape[1], np.float32)
         out2 = np.empty_like(x)
-        C.dact(g, x, out2, kind, db, **BF)
-        assert np.array_equal(out2, out), f"dbias_d{name}: the stored output differs from d{name}'s"
+        C.dact(g, x, out2, kind, db, **fmt.kw)
+        assert np.array_equal(fmt.bits(out2), fmt.bits(out)), f"dbias_d{name}: the stored output differs from d{name}'s"
 
 
+@fmts
 @pytest.mark.parametrize("h", [4099, 9363])
-def test_cpp_bf16_gated_derivatives_every_code_match_fp32(C, h):
+def test_cpp_16bit_gated_derivatives_every_code_match_fp32(C, fmt, h):
     rows = -(-65536 // h)
-    a = every_code(rows, h, seed=3)
-    b = normal_bf16((rows, h), seed=4)
-    g = normal_bf16((rows, h), seed=5)
+    a = fmt.arr(every_code(rows, h, seed=3))
+    b = fmt.normal((rows, h), seed=4)
+    g = fmt.normal((rows, h), seed=5)
     x = np.concatenate([a, b], axis=1)
+    w = fmt.widen
     for name, kind in C.DACT_CODES.items():
         out = np.empty_like(x)
-        C.dglu(g, x, out, kind, **BF)
+        C.dglu(g, x, out, kind, **fmt.kw)
         out32 = np.empty(x.shape, np.float32)
-        C.dglu(widen(g), widen(x), out32, kind)
-        assert_bits(C, out, out32, f"dglu {name}")
+        C.dglu(w(g), w(x), out32, kind)
+        assert_bits(C, fmt, out, out32, f"dglu {name}")
     for act in ("silu", "gelu", "gelu_tanh"):
-        da, db = C.glu2_bwd(g, a, b, act=act, **BF)
-        da32, db32 = C.glu2_bwd(widen(g), widen(a), widen(b), act=act)
-        assert_bits(C, da, da32, f"glu2_bwd {act} da")
-        assert_bits(C, db, db32, f"glu2_bwd {act} db")
-    assert_bits(C, C.gelu_erf_bwd(g, a, **BF), C.gelu_erf_bwd(widen(g), widen(a)), "gelu_erf_bwd")
+        da, db = C.glu2_bwd(g, a, b, act=act, **fmt.kw)
+        da32, db32 = C.glu2_bwd(w(g), w(a), w(b), act=act)
+        assert_bits(C, fmt, da, da32, f"glu2_bwd {act} da")
+        assert_bits(C, fmt, db, db32, f"glu2_bwd {act} db")
+    assert_bits(C, fmt, C.gelu_erf_bwd(g, a, **fmt.kw), C.gelu_erf_bwd(w(g), w(a)), "gelu_erf_bwd")
+
+
+@pytest.mark.parametrize("shape", SHAPES, ids=str)
+def test_cpp_fp16_forward_every_code_match_fp32(C, shape):
+    """fp16 exact GELU, geglu (and the autograd's strided glu2) and tanh read tables on AVX2;
+    outside AVX-512 (whose 16-bit exact GELU has its own form, held to the oracle by
+    test_cpp.py's every-value test) they compute the fp32 kernel's function, so they round its
+    result bit for bit (silu's and tanh-GELU's 16-bit forms differ from fp32's everywhere)."""
+    if C.ISA.startswith("avx512"):
+        pytest.skip(f"the {C.ISA} variant computes fp16 GELU in its own 16-bit form (test_cpp.py checks it)")
+    fmt = FMTS[1]
+    x = fmt.arr(every_code(*shape, seed=9))
+    x32 = fmt.widen(x)
+    assert_bits(C, fmt, C.gelu(x, "none"), C.gelu(x32, "none"), "gelu")
+    assert_bits(C, fmt, C._tanh(x), C._tanh(x32), "tanh")
+    b = fmt.normal(shape, seed=10)
+    xx = np.concatenate([x, b], axis=1)
+    assert_bits(C, fmt, C.geglu(xx, "none"), C.geglu(fmt.widen(xx), "none"), "geglu")
+    assert_bits(C, fmt, C.glu2(x, b, act="gelu"), C.glu2(x32, fmt.widen(b), act="gelu"), "glu2 gelu")
 
 
 def _forward_cases(C):
@@ -149,7 +198,7 @@ def test_cpp_bf16_activations_every_code(C, shape):
 def test_cpp_bf16_gated_activations_every_code(C, h):
     rows = -(-65536 // h)
     a = every_code(rows, h, seed=7)
-    b = normal_bf16((rows, h), seed=8)
+    b = FMTS[0].normal((rows, h), seed=8)
     x = np.concatenate([a, b], axis=1)
     av, bv = value64(a), value64(b)
     finite = np.isfinite(av) & (np.abs(av) < 1e30)
