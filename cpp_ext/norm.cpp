@@ -82,11 +82,11 @@ void rms_norm_t(const void* xv, const TW* w, void* yv, int64_t rows, int64_t n, 
         const float rs = rsqrt_of(ss, n, eps);
         if (rsigma) rsigma[r] = rs;
         const V vrs = vset(rs);
-        ss = write_row(
-                 y + r * n, n, nt, [&](int64_t i) { return vload(xr + i) * vrs * vload(w + i); },
-                 [&](int64_t i, int64_t k) { return vload_part(xr + i, k, 0.f) * vrs * vload_part(w + i, k, 0.f); },
-                 StepWith<RowSum<T, true>>{next_row(xr + n, n, r + 2 < rows, n), RowSum<T, true>({xr + n}, more ? n : 0)})
-                 .s.acc;
+        const auto full = [&](int64_t i) { return vload(xr + i) * vrs * vload(w + i); };
+        const auto part = [&](int64_t i, int64_t k) { return vload_part(xr + i, k, 0.f) * vrs * vload_part(w + i, k, 0.f); };
+        const StepWith<RowSum<T, true>> pf{next_row(xr + n, n, r + 2 < rows, n), RowSum<T, true>({xr + n}, more ? n : 0)};
+        T* yr = y + r * n;
+        ss = write_row(yr, n, nt, nan_free<T>(full), nan_free<T>(part), pf).s.acc;  // rowio.h nan_free
     }
     if (nt) stream_fence();
 }
@@ -144,8 +144,8 @@ void layer_norm_t(const void* xv, const TW* w, const TB* b, void* yv, int64_t ro
         const float rs = (float)(1.0 / std::sqrt(var + (double)eps));
         if (mu) mu[r] = mean;
         if (rsigma) rsigma[r] = rs;
-        ln_row(xr, w, b, mean, rs, [&](const auto& full, const auto& part) {
-            m = write_row(yr, n, nt, full, part,
+        ln_row(xr, w, b, mean, rs, [&](const auto& full, const auto& part) {  // rowio.h nan_free
+            m = write_row(yr, n, nt, nan_free<T>(full), nan_free<T>(part),
                           StepWith<RowMoments<T>>{next_row(xr + n, n, r + 2 < rows, n), moments_of(xr + n, n, more)})
                     .s;
         });

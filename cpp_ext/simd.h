@@ -250,13 +250,17 @@ inline V vload(const bf16lo* p) { return {_mm256_castsi256_ps(_mm256_slli_epi32(
 inline V vload(const bf16hi* p) {
     return {_mm256_and_ps(_mm256_loadu_ps((const float*)p), _mm256_castsi256_ps(_mm256_set1_epi32((int)0xffff0000u)))};
 }
-// v rounded to nearest-even in the high half of each word
-inline __m256i bf16_round_word(V v) {
+// v rounded to nearest-even in the high half of each word, v not NaN (bf16_round_word's case)
+inline __m256i bf16_round_num(V v) {
     __m256i u = _mm256_castps_si256(v.v);
     __m256i lsb = _mm256_and_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(1));
-    __m256i r = _mm256_add_epi32(u, _mm256_add_epi32(lsb, _mm256_set1_epi32(0x7fff)));
+    return _mm256_add_epi32(u, _mm256_add_epi32(lsb, _mm256_set1_epi32(0x7fff)));
+}
+// v rounded to nearest-even in the high half of each word
+inline __m256i bf16_round_word(V v) {
+    const __m256i r = bf16_round_num(v);
     // NaN: keep the high half with the quiet bit set instead of rounding it into Inf.
-    __m256i qnan = _mm256_or_si256(u, _mm256_set1_epi32(0x400000));
+    __m256i qnan = _mm256_or_si256(_mm256_castps_si256(v.v), _mm256_set1_epi32(0x400000));
     __m256 isnan = _mm256_cmp_ps(v.v, v.v, _CMP_UNORD_Q);
     return _mm256_castps_si256(_mm256_blendv_ps(_mm256_castsi256_ps(r), _mm256_castsi256_ps(qnan), isnan));
 }
@@ -278,6 +282,9 @@ inline V vround16(const bf16*, V v, H& h) {
 }
 inline H vpack16(const f16*, V v) { return {_mm256_cvtps_ph(v.v, _MM_FROUND_TO_NEAREST_INT)}; }
 inline H vpack16(const bf16*, V v) { return {bf16_pack(v)}; }
+// vpack16 of a v known not to hold NaN (rowio.h nan_free): the same bits without the NaN
+// compare, or and blend (three of bf16_pack's nine instructions).
+inline H vpack16_num(const bf16*, V v) { return {bf16_narrow(bf16_round_num(v))}; }
 inline V vwiden(const f16*, H h) { return {_mm256_cvtph_ps(h.v)}; }
 inline V vwiden(const bf16*, H h) { return {_mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h.v), 16))}; }
 template <class T> inline void vstore(T* p, H h) { _mm_storeu_si128((__m128i*)p, h.v); }

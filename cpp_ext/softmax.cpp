@@ -169,10 +169,10 @@ __attribute__((flatten)) inline void softmax_row(T* yr, int64_t n, int64_t len, 
         write_row(
             yr, n, nt, [&](int64_t j) { return vexp_shift<LP>(z_(j), vm) * inv; },
             [&](int64_t j, int64_t k) { return vexp_shift<LP>(zp_(j, k), vm) * inv; }, pf);
-    } else if (len == n) {
-        write_row(
-            yr, n, nt, [&](int64_t j) { return vload(e + j) * inv; },
-            [&](int64_t j, int64_t k) { return vload_part(e + j, k, 0.f) * inv; }, pf);
+    } else if (len == n) {  // rowio.h nan_free: products
+        const auto full = [&](int64_t j) { return vload(e + j) * inv; };
+        const auto part = [&](int64_t j, int64_t k) { return vload_part(e + j, k, 0.f) * inv; };
+        write_row(yr, n, nt, nan_free<T>(full), nan_free<T>(part), pf);
     } else {  // the causal tail: zeros
         write_row(
             yr, n, nt,

@@ -421,6 +421,68 @@ def test_norm_weights_at_every_placement(C, dt, op):
         C._set_tuning(old["parallel_threshold_bytes"], old["nontemporal_threshold_bytes"])
 
 
+@pytest.mark.parametrize("eps", [1e-6, 0.0])
+@pytest.mark.parametrize("n", [7, 1040])
+@pytest.mark.parametrize("op", ["rms_norm", "layer_norm", "softmax"])
+def test_bf16_norms_softmax_are_the_fp32_result_rounded(C, op, n, eps):
+    """bf16 rms_norm and layer_norm compute in fp32 and round once, so their bits are the fp32
+    kernel's on the widened operands, rounded to nearest even (softmax's 16-bit exp is its own:
+    within a code), NaN quiet with its high half kept. AVX2 rounds these three without the NaN
+    case (rowio.h nan_free: every NaN they can make has a zero low half), so their NaNs must
+    still be the default NaN or an operand's payload, quiet: rows holding NaN (quiet and
+    signalling payloads) or Inf, rows whose squares overflow fp32, NaN / Inf / zero weights and
+    biases, and with eps = 0 an all-zero row
+    (1/sigma = Inf, 0 * Inf = NaN)."""
+    rng = np.random.default_rng(n)
+    v = (rng.standard_normal((8, n)) * 3).astype(np.float32)
+    x = bf16_bits(v)
+    x[1, 3 % n] = 0x7FC0
+    x[6, n // 2] = 0xFFA3          # a signalling payload: quiet after the first product
+    x[2, 1] = 0x7F80
+    x[3, :2] = bf16_bits(np.float32([1e20, -3e19]))  # squares overflow fp32: the row in double
+    x[4] = 0
+    x[5] = bf16_bits(v[5] * np.float32(1e-30))       # tiny: 1/sigma large, finite with eps = 0
+    wcases = ("normal", "nan", "snan", "inf", "zero") if op != "softmax" else ("normal",)
+    for wcase in wcases:
+        wb = bf16_bits(rng.standard_normal(n).astype(np.float32))
+        bb = bf16_bits(rng.standard_normal(n).astype(np.float32))
+        if wcase == "nan":
+            wb[n // 2] = 0x7FC0
+        elif wcase == "snan":
+            wb[0] = bb[-1] = 0x7F81
+        elif wcase == "inf":
+            wb[-1] = 0xFF80
+            bb[0] = 0x7F80
+        elif wcase == "zero":
+            wb[:] = 0
+        if op == "rms_norm":
+            def call(a, w, b, **kw):
+                return C.rms_norm(a, w, eps, **kw)
+        elif op == "layer_norm":
+            def call(a, w, b, **kw):
+                return C.layer_norm(a, w, b, eps, **kw)
+        else:
+            def call(a, w, b, **kw):
+                return C.softmax(a, **kw)
+        got = call(x, wb, bb, dtype="bfloat16")
+        with np.errstate(all="ignore"):
+            want32 = call(bf16_float(x), bf16_float(wb), bf16_float(bb))
+        want = bf16_bits(want32)
+        nan = np.isnan(want32)
+        assert np.array_equal(np.isnan(bf16_float(got)), nan), f"w {wcase}: NaN positions differ"
+        assert nan.any(), "the cases make NaNs"
+        if op == "softmax":  # its 16-bit form has its own exp (within a code of the fp32 result)
+            assert np.abs(got[~nan].astype(int) - want[~nan].astype(int)).max() <= 1
+        else:
+            np.testing.assert_array_equal(got[~nan], want[~nan], err_msg=f"w {wcase}")
+        # which NaN meets which first differs by operand order between the kernels: each NaN
+        # stored is the default one or an operand's payload, quiet, its bits not rounded
+        ops = np.concatenate([x.ravel(), wb, bb])
+        payloads = {0xFFC0} | {int(c) | 0x40 for c in ops[np.isnan(bf16_float(ops))]}
+        odd = set(np.unique(got[nan]).tolist()) - payloads
+        assert not odd, f"w {wcase}: NaNs stored as {sorted(hex(c) for c in odd)}"
+
+
 @pytest.mark.parametrize("dt", DTYPES)
 @pytest.mark.parametrize("n", [7, 203, 1040, 2100])
 @pytest.mark.parametrize("op", ["rms_norm", "layer_norm"])
