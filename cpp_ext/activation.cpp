@@ -28,7 +28,14 @@ void unary_k(const void* xv, void* yv, int64_t count, bool nt) {
     T* y = (T*)yv;
     constexpr bool ON = use_lut16<T>(OP == UN_GELU_ERF || OP == UN_TANH) && OP != UN_RELU;  // lut16.h
     const auto f = of_codes<T, ON>([](V v) { return act<OP, low_prec<T>()>(v); });
-    write_row(y, count, nt, [&](int64_t i) { return f.full(x + i); }, [&](int64_t i, int64_t k) { return f.part(x + i, k); });
+    const auto full = [&](int64_t i) { return f.full(x + i); };
+    const auto part = [&](int64_t i, int64_t k) { return f.part(x + i, k); };
+    // rowio.h nan_free: silu's and tanh-GELU's x / (1 + e), exact GELU's x * Phi (not relu's
+    // max, exp's or tanh's selects, which pass x through)
+    if constexpr (OP == UN_SILU || OP == UN_GELU_ERF || OP == UN_GELU_TANH)
+        write_row(y, count, nt, nan_free<T>(full), nan_free<T>(part));
+    else
+        write_row(y, count, nt, full, part);
     if (nt) stream_fence();
 }
 
@@ -44,10 +51,10 @@ void glu_k(const void* xv, void* yv, int64_t rows, int64_t h, bool nt) {
         const T* b = a + h;
         // The next row's first half is prefetched: the hardware prefetcher follows b into it
         // but has to find a's new start on its own at every row.
-        write_row(
-            y + r * h, h, nt, [&](int64_t i) { return f.full(a + i) * vload(b + i); },
-            [&](int64_t i, int64_t k) { return f.part(a + i, k) * vload_part(b + i, k, 0.f); },
-            r + 1 < rows ? Prefetch(a + 2 * h, 2 * h * (int64_t)sizeof(T), h / (2 * W)) : Prefetch());
+        const auto full = [&](int64_t i) { return f.full(a + i) * vload(b + i); };
+        const auto part = [&](int64_t i, int64_t k) { return f.part(a + i, k) * vload_part(b + i, k, 0.f); };
+        write_row(y + r * h, h, nt, nan_free<T>(full), nan_free<T>(part),  // rowio.h nan_free: products
+                  r + 1 < rows ? Prefetch(a + 2 * h, 2 * h * (int64_t)sizeof(T), h / (2 * W)) : Prefetch());
     }
     if (nt) stream_fence();
 }

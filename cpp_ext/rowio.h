@@ -107,11 +107,13 @@ struct StepWith {
 // vpack16_num: the same bits for every value, three instructions fewer per 8 on AVX2).
 // nan_free(g): the generator g returning those bits instead of its V, where that is cheaper
 // (nan_free_cheaper: AVX2's bf16), else g itself. Used by rms_norm, layer_norm (their weights
-// widened from the input's dtype by the binding: bind_facade.cpp NormParams) and softmax's
-// write pass (e * 1/sum). 8192 x 4096 bf16 on Zen 3, the NaN case dropped from every store
-// (an experiment, not a build): rms_norm 1.19x, layer_norm 1.12x, softmax 1.09x (CONTRIBUTING
-// "bf16 stores without the NaN case"). Not rope (fp32 tables from the caller: any payload)
-// nor relu (vmax passes x through).
+// widened from the input's dtype by the binding: bind_facade.cpp NormParams), softmax's write
+// pass (e * 1/sum), silu / GELU / tanh-GELU, the gated forms (act(a) * b) and TE's flat
+// derivatives (g * act'(x)). ab_builds.py, 8192 x 4096 bf16, Zen 3: rms_norm 1.13-1.14x,
+// layer_norm 1.05x, softmax 1.09-1.10x, silu 1.09x, GELU / tanh-GELU 1.08x, swiglu 1.09x,
+// geglu 1.12x, TE's dgelu 1.08x, drelu 1.06x, dsilu 1.04x (CONTRIBUTING "bf16 stores without
+// the NaN case"). Not rope (fp32 tables from the caller: any payload), relu (vmax passes x
+// through), exp or tanh (their selects pass x through).
 template <class T>
 constexpr bool nan_free_cheaper() {
     return TO_ISA == 1 && std::is_same_v<T, bf16>;

@@ -89,9 +89,9 @@ void dact_k(const void* gv, const void* xv, void* yv, int64_t rows, int64_t n, f
     const auto d = of_codes<T, ON>([](V v) { return dact_v<OP>(v); });
     if (!acc) {  // flat
         const int64_t cnt = rows * n;
-        write_row(
-            y, cnt, nt, [&](int64_t i) { return vload(g + i) * d.full(x + i); },
-            [&](int64_t i, int64_t k) { return vload_part(g + i, k, 0.f) * d.part(x + i, k); });
+        const auto full = [&](int64_t i) { return vload(g + i) * d.full(x + i); };
+        const auto part = [&](int64_t i, int64_t k) { return vload_part(g + i, k, 0.f) * d.part(x + i, k); };
+        write_row(y, cnt, nt, nan_free<T>(full), nan_free<T>(part));  // rowio.h nan_free: products
     } else {
         // Row by row. Rows in pairs (one load and store of the fp32 column sums per two rows,
         // the second row's output streamed beside the first's) gained 1.05-1.07x on an Intel

@@ -105,6 +105,19 @@ def assert_bits(C, fmt: Fmt, got: np.ndarray, want32: np.ndarray, what: str):
                            f"index {bad[0]}: {gotb.flat[bad[0]]:#06x} != {want.flat[bad[0]]:#06x}")
 
 
+def assert_nans_from(got: np.ndarray, *ops: np.ndarray, what: str):
+    """Each NaN a bf16 kernel stored (got, bits) is the default NaN or, quiet, the payload of an
+    operand at its position: the store did not round a payload (AVX2 rounds these kernels'
+    outputs without the NaN case, rowio.h nan_free, since their NaNs have zero low halves)."""
+    nan = np.isnan(widen(got))
+    ok = got == 0xFFC0
+    for op in ops:
+        ok |= np.isnan(widen(op)) & (got == (op | 0x40))
+    bad = np.flatnonzero(nan & ~ok)
+    assert bad.size == 0, (f"{what}: {bad.size} NaNs not from an operand, first {got.flat[bad[0]]:#06x} "
+                           f"at flat index {bad[0]}")
+
+
 SHAPES = [(16, 4099), (7, 9363)]  # rows * n >= 65536, n off the vector width
 
 
@@ -119,6 +132,8 @@ def test_cpp_16bit_derivatives_every_code_match_fp32(C, fmt, shape):
         out32 = np.empty(shape, np.float32)
         C.dact(fmt.widen(g), fmt.widen(x), out32, kind, None)
         assert_bits(C, fmt, out, out32, f"d{name}")
+        if not fmt.fp16:
+            assert_nans_from(out, x, g, what=f"d{name}")
         db = np.zeros(shape[1], np.float32)
         out2 = np.empty_like(x)
         C.dact(g, x, out2, kind, db, **fmt.kw)
@@ -187,8 +202,11 @@ def test_cpp_bf16_activations_every_code(C, shape):
     rtol, atol = tolerance("bfloat16")[0], 1e-6
     for name, (fn, oracle, bound) in _forward_cases(C).items():
         finite = np.isfinite(xv) & (np.abs(xv) < bound)
-        y = value64(fn(x))
+        yb = fn(x)
+        y = value64(yb)
         assert np.isnan(y[np.isnan(xv)]).all() and not np.isnan(y[finite]).any(), f"{name}: NaN in, NaN out"
+        if name in ("silu", "gelu", "gelu_tanh"):
+            assert_nans_from(yb, x, what=name)
         with np.errstate(all="ignore"):
             want = oracle(np.where(finite, xv, 0.0))
         np.testing.assert_allclose(y[finite], want[finite], rtol=rtol, atol=atol, err_msg=name)
@@ -209,8 +227,10 @@ def test_cpp_bf16_gated_activations_every_code(C, h):
     for name, fn, act in (("swiglu", lambda: C.swiglu(x, **BF), ref.silu),
                           ("geglu", lambda: C.geglu(x, "none", **BF), lambda v: ref.gelu(v, "none")),
                           ("geglu_tanh", lambda: C.geglu(x, "tanh", **BF), lambda v: ref.gelu(v, "tanh"))):
-        y = value64(fn())
+        yb = fn()
+        y = value64(yb)
         assert np.isnan(y[np.isnan(av)]).all() and not np.isnan(y[finite]).any(), f"{name}: NaN in, NaN out"
+        assert_nans_from(yb, a, b, what=name)
         with np.errstate(all="ignore"):
             want = act(np.where(finite, av, 0.0)) * bv
         err, bound = np.abs(y - want)[finite], (rtol * np.abs(want) + atol)[finite]
