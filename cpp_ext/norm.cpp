@@ -275,8 +275,8 @@ template <class T, class TW, class TB, class PF>
 __attribute__((flatten)) inline double add_norm_write(const float* e, const TW* w, const TB* b, T* yr, T* orow,
                                                       int64_t n, float mean, float rs, bool layer, bool nt, PF pf) {
     double next = 0.0;
-    const auto sink = [&](const auto& full, const auto& part) {
-        next = write_pair(yr, orow, e, n, nt, full, part, pf).s.acc;
+    const auto sink = [&](const auto& full, const auto& part) {  // y: rowio.h nan_free (products of es)
+        next = write_pair(yr, orow, e, n, nt, nan_free<T>(full), nan_free<T>(part), pf).s.acc;
     };
     const auto es = s_row<T>(const_cast<float*>(e), n);
     if (layer) {

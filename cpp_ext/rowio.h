@@ -107,13 +107,15 @@ struct StepWith {
 // vpack16_num: the same bits for every value, three instructions fewer per 8 on AVX2).
 // nan_free(g): the generator g returning those bits instead of its V, where that is cheaper
 // (nan_free_cheaper: AVX2's bf16), else g itself. Used by rms_norm, layer_norm (their weights
-// widened from the input's dtype by the binding: bind_facade.cpp NormParams), softmax's write
-// pass (e * 1/sum), silu / GELU / tanh-GELU, the gated forms (act(a) * b) and TE's flat
-// derivatives (g * act'(x)). ab_builds.py, 8192 x 4096 bf16, Zen 3: rms_norm 1.13-1.14x,
-// layer_norm 1.05x, softmax 1.09-1.10x, silu 1.09x, GELU / tanh-GELU 1.08x, swiglu 1.09x,
-// geglu 1.12x, TE's dgelu 1.08x, drelu 1.06x, dsilu 1.04x (CONTRIBUTING "bf16 stores without
-// the NaN case"). Not rope (fp32 tables from the caller: any payload), relu (vmax passes x
-// through), exp or tanh (their selects pass x through).
+// widened from the input's dtype by the binding: bind_facade.cpp NormParams), the fused adds'
+// normed output (of the stored residual; the residual output keeps vround16's exact form),
+// softmax's write pass (e * 1/sum), silu / GELU / tanh-GELU, the gated forms (act(a) * b) and
+// TE's flat derivatives (g * act'(x)). ab_builds.py, 8192 x 4096 bf16, Zen 3: rms_norm
+// 1.13-1.14x, layer_norm 1.05x, add_rms_norm 1.04-1.07x, add_layer_norm 1.03x, softmax
+// 1.09-1.10x, silu 1.09x, GELU / tanh-GELU 1.08x, swiglu 1.09x, geglu 1.12x, TE's dgelu 1.08x,
+// drelu 1.06x, dsilu 1.04x (CONTRIBUTING "bf16 stores without the NaN case"). Not rope (fp32
+// tables from the caller: any payload), relu (vmax passes x through), exp or tanh (their
+// selects pass x through).
 template <class T>
 constexpr bool nan_free_cheaper() {
     return TO_ISA == 1 && std::is_same_v<T, bf16>;

@@ -483,6 +483,40 @@ def test_bf16_norms_softmax_are_the_fp32_result_rounded(C, op, n, eps):
         assert not odd, f"w {wcase}: NaNs stored as {sorted(hex(c) for c in odd)}"
 
 
+@pytest.mark.parametrize("n", [7, 1040])
+@pytest.mark.parametrize("layer", [False, True], ids=["add_rms_norm", "add_layer_norm"])
+def test_bf16_fused_add_nans_are_operand_payloads(C, n, layer):
+    """The bf16 fused adds' normed output is rounded without the NaN case on AVX2 (rowio.h
+    nan_free: it is a product of the stored residual s = round(x + r) and widened weights):
+    within a code of the fp32 norm of s, NaN exactly where that is NaN, each NaN the default
+    one or an operand's payload, quiet (rows holding quiet / signalling NaN or Inf in x or the
+    residual, NaN and Inf weights)."""
+    rng = np.random.default_rng(n)
+    x = bf16_bits(rng.standard_normal((6, n)).astype(np.float32))
+    r = bf16_bits(rng.standard_normal((6, n)).astype(np.float32))
+    x[1, 0], r[2, n - 1], x[3, n // 2], r[4, 1] = 0x7FC0, 0xFFA3, 0x7F80, 0x7F81
+    w = bf16_bits(rng.standard_normal(n).astype(np.float32))
+    b = bf16_bits(rng.standard_normal(n).astype(np.float32))
+    w[n // 2], b[0] = 0x7FD1, 0xFF80
+    kw = {"dtype": "bfloat16"}
+    if layer:
+        y, s = C.add_layer_norm(x, r, w, b, 1e-5, **kw)
+        with np.errstate(all="ignore"):
+            want32 = C.layer_norm(bf16_float(s), bf16_float(w), bf16_float(b), 1e-5)
+    else:
+        y, s = C.add_rms_norm(x, r, w, 1e-6, **kw)
+        with np.errstate(all="ignore"):
+            want32 = C.rms_norm(bf16_float(s), bf16_float(w), 1e-6)
+    nan = np.isnan(want32)
+    assert nan.any() and np.array_equal(np.isnan(bf16_float(y)), nan)
+    want = bf16_bits(want32)
+    assert np.abs(y[~nan].astype(int) - want[~nan].astype(int)).max() <= 1
+    ops = np.concatenate([x.ravel(), r.ravel(), w, b])
+    payloads = {0xFFC0} | {int(c) | 0x40 for c in ops[np.isnan(bf16_float(ops))]}
+    odd = set(np.unique(y[nan]).tolist()) - payloads
+    assert not odd, f"NaNs stored as {sorted(hex(c) for c in odd)}"
+
+
 @pytest.mark.parametrize("dt", DTYPES)
 @pytest.mark.parametrize("n", [7, 203, 1040, 2100])
 @pytest.mark.parametrize("op", ["rms_norm", "layer_norm"])
