@@ -22,18 +22,18 @@
 // f16_too). 8192 x 4096 standard normal values hold 32851 distinct fp16 codes (10 mantissa
 // bits) and 4928 bf16 ones (7): 128 KiB of the table against 19 KiB, past L1 but in L2, and
 // F16C widens in one instruction. `ab_builds.py --copies 2 --rounds 9` on Zen 3 (2026-12-04),
-// fp16 read against computed: erf-GELU 1.37-1.42x, geglu 1.22x, TE's dgelu (tanh) 1.51x, dsilu
-// 1.21x, dbias_dgelu 1.34x, dbias_dsilu 1.14x, dqgelu 1.11x, dsigmoid 1.14x, the autograd's
-// exact-GELU backward 2.3x, tanh 2.6x, erf geglu's gated backward (pair table) 1.7x; but silu
-// 0.79-0.83x, swiglu 0.81x, TE's gated dswiglu / dqgeglu 0.75-0.77x (pairs), tanh-GELU 1.02x
-// and its gated backward 1.00-1.14x: those stay computed (fp16 dsilu read 0.76x on
-// 2026-11-29; why it gains now was not found). The table's worst case, every finite fp16 code equally likely (a
-// random 256 KiB walk in L2), ran erf-GELU 0.77x, dgelu 0.97x, dsilu 0.76x; standard normal x
-// 8 gained as x did (1.30-1.75x). Not AVX-512: on a Zen 4 the table read by vgatherdps was
+// fp16 read against computed: erf-GELU 1.27-1.42x, geglu 1.19-1.22x, TE's dgelu (tanh)
+// 1.35-1.51x, dsilu 1.06-1.21x, dbias_dgelu 1.32-1.34x, dbias_dsilu 1.14x, dqgelu 1.11x,
+// dsigmoid 1.14x, the autograd's exact-GELU backward 2.2-2.4x, tanh 2.4-2.6x, erf geglu's gated
+// backward (pair table) 1.46-1.71x; but silu 0.79-0.83x, swiglu 0.81x, TE's gated dswiglu /
+// dqgeglu 0.75-0.77x (pairs), tanh-GELU 1.00-1.02x and its gated backward 0.98-1.14x: those
+// stay computed (fp16 dsilu read 0.76x on 2026-11-29; why it gains now was not found). The table's
+// worst case, every finite fp16 code equally likely (`--data codes`: a random walk over its
+// 256 KiB in L2), ran erf-GELU 0.77-0.80x, dgelu 0.97-1.02x, dsilu 0.76x; standard normal x 8
+// gained as x did (1.30-1.75x). Not AVX-512: on a Zen 4 the table read by vgatherdps was
 // 0.52-1.09x of computing (silu 0.52x, dgelu 1.09x), by 16 scalar loads 0.57-1.04x
-// (CONTRIBUTING.md). AVX2 reads 8 values
-// by 8 scalar loads: vpgatherdd took ~35 TSC cycles per 16 values in the loop above where the
-// scalar loads took ~22, two 128-bit gathers ~43.
+// (CONTRIBUTING.md). AVX2 reads 8 values by 8 scalar loads: vpgatherdd took ~35 TSC cycles per
+// 16 values in the loop above where the scalar loads took ~22, two 128-bit gathers ~43.
 // Memory: 256 KiB per (function, ISA variant) (512 KiB for a pair table), zero pages until the
 // first call of that kernel builds it (~0.4 ms, once per process); a call then touches the codes
 // its data holds (standard normal data: the 19 KiB above, in L1; of the pair table 39 KiB, more
@@ -165,8 +165,8 @@ inline void vlut2_part(const float* t, const T* p, int64_t k, V& f, V& g) {
 
 // f(x) for a kernel's operand x of type T, x given by its address: read from f's table when ON
 // (use_lut16<T>() by default, bf16 only; a dear f passes use_lut16<T>(true), fp16 too on AVX2;
-// a kernel whose f is cheaper than the lookup passes false), else
-// computed as before. full: W lanes at p; part: lanes [0, k), the rest f(+0.0).
+// a kernel whose f is cheaper than the lookup passes false), else computed as before. full: W
+// lanes at p; part: lanes [0, k), the rest f(+0.0).
 template <class T, class F, bool ON>
 struct OfCodes {
     F f;

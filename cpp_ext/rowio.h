@@ -105,8 +105,8 @@ struct StepWith {
 // NaN gives the default NaN (0xffc00000) or an operand's payload with the quiet bit set, and a
 // widened bf16 has a zero low half. Its stores can then round without the NaN case (simd.h
 // vpack16_num: the same bits for every value, three instructions fewer per 8 on AVX2).
-// nan_free(g): the generator g returning those bits instead of its V, where that is cheaper
-// (nan_free_cheaper: AVX2's bf16), else g itself. Used by rms_norm, layer_norm (their weights
+// nan_free(g): the generator g returning those bits instead of its V where that is cheaper
+// (AVX2's bf16), else g itself. Used by rms_norm, layer_norm (their weights
 // widened from the input's dtype by the binding: bind_facade.cpp NormParams), the fused adds'
 // normed output (of the stored residual; the residual output keeps vround16's exact form),
 // softmax's write pass (e * 1/sum), silu / GELU / tanh-GELU, the gated forms (act(a) * b) and
@@ -116,10 +116,6 @@ struct StepWith {
 // drelu 1.06x, dsilu 1.04x (CONTRIBUTING "bf16 stores without the NaN case"). Not rope (fp32
 // tables from the caller: any payload), relu (vmax passes x through), exp or tanh (their
 // selects pass x through).
-template <class T>
-constexpr bool nan_free_cheaper() {
-    return TO_ISA == 1 && std::is_same_v<T, bf16>;
-}
 template <class T, class G>
 inline auto nan_free(const G& g) {
 #if TO_ISA == 1
