@@ -39,6 +39,10 @@ drift a little each call). ``--out-offset 0`` puts every array of a call (inputs
 instead, at one page offset, as torch allocates them (what TE's calls see). ``--data`` sets x:
 standard normal (default), ``wide`` (8 times that) or ``codes`` (16-bit dtypes: every finite code
 equally likely, the worst case of lut16.h's tables).
+
+An import-time choice (``build_info()``'s ``norm_weights_16bit``, ``fp16_tables_all``, ...) is
+measured the same way with this build's own ``.so`` as the other and ``--tune-other``, e.g.
+``--tune-other norm_w16=0``: the other's copies run with that ``_set_tuning`` keyword.
 """
 from __future__ import annotations
 
@@ -231,7 +235,16 @@ def main(argv=None) -> None:
                          "default: where np.empty puts them (16 past)")
     ap.add_argument("--data", choices=["normal", "wide", "codes"], default="normal",
                     help="x standard normal, 8 x that, or every finite 16-bit code equally likely")
+    ap.add_argument("--tune-other", nargs="*", default=[], metavar="KEY=INT",
+                    help="_set_tuning keywords for the other build's copies (e.g. norm_w16=0): with "
+                         "this build's own .so as the other, an A/B of an import-time choice")
     args = ap.parse_args(argv)
+    tune = {}
+    for kv in args.tune_other:
+        key, sep, val = kv.partition("=")
+        if not sep or not val.lstrip("-").isdigit():
+            raise SystemExit(f"ab_builds: --tune-other takes KEY=INT, got {kv!r}")
+        tune[key] = int(val)
     with tempfile.TemporaryDirectory() as tmp:
         builds = {}
         for name, path in (("other", args.other), ("this", _cpp.__file__)):
@@ -240,11 +253,13 @@ def main(argv=None) -> None:
                 copy = os.path.join(tmp, f"{name}{c}_" + os.path.basename(path))
                 shutil.copyfile(path, copy)
                 mods.append(load_other(copy))
+                if name == "other" and tune:
+                    mods[-1]._set_tuning(**tune)
             builds[name] = mods
         fns = {(op, dt, name, c): calls(m, op, dt, args.rows, args.out_offset, args.width, args.data)
                for op in args.ops for dt in args.dtypes for name, mods in builds.items() for c, m in enumerate(mods)}
         t = _bench.time_rounds(fns, 0, args.rounds)
-    print(f"# this build: {_cpp.__file__}\n# other: {args.other}\n# {args.rounds} interleaved rounds, "
+    print(f"# this build: {_cpp.__file__}\n# other: {args.other} {tune or ''}\n# {args.rounds} interleaved rounds, "
           f"{len(builds['this'])} loaded copies of each build; speed = other's time / this time (median of "
           "per-round ratios of the copies' median times; > 1: this build is faster)")
     print(f"{'op':16s} {'dtype':9s} {'other ms':>9s} {'this ms':>9s} {'speed':>6s}  per-copy ms (other | this)")

@@ -22,16 +22,15 @@ inline V act(V x) {
 template <class T>
 constexpr bool low_prec() { return sizeof(T) == 2; }
 
-template <class T, int OP>
-void unary_k(const void* xv, void* yv, int64_t count, bool nt) {
+template <class T, int OP, bool ON>
+void unary_body(const void* xv, void* yv, int64_t count, bool nt) {
     const T* x = (const T*)xv;
     T* y = (T*)yv;
-    constexpr bool ON = use_lut16<T>(OP == UN_GELU_ERF || OP == UN_TANH) && OP != UN_RELU;  // lut16.h
     const auto f = of_codes<T, ON>([](V v) { return act<OP, low_prec<T>()>(v); });
     const auto full = [&](int64_t i) { return f.full(x + i); };
     const auto part = [&](int64_t i, int64_t k) { return f.part(x + i, k); };
-    // rowio.h nan_free: silu's and tanh-GELU's x / (1 + e), exact GELU's x * Phi (not relu's
-    // max, exp's or tanh's selects, which pass x through)
+    // rowio.h nan_free: silu's and tanh-GELU's x / (1 + e), exact GELU's x * Phi (not exp's or
+    // tanh's selects, which pass x through)
     if constexpr (OP == UN_SILU || OP == UN_GELU_ERF || OP == UN_GELU_TANH)
         write_row(y, count, nt, nan_free<T>(full), nan_free<T>(part));
     else
@@ -39,13 +38,72 @@ void unary_k(const void* xv, void* yv, int64_t count, bool nt) {
     if (nt) stream_fence();
 }
 
+template <class T, int OP>
+void unary_k(const void* xv, void* yv, int64_t count, bool nt) {
+    constexpr bool DEAR = OP == UN_GELU_ERF || OP == UN_TANH;
+    if constexpr (lut_flex<T>(DEAR) && OP != UN_RELU)
+        if (g_f16_lut) return unary_body<T, OP, true>(xv, yv, count, nt);
+    unary_body<T, OP, use_lut16<T>(DEAR)>(xv, yv, count, nt);
+}
+
+// relu of 16-bit values on their bits, bitwise what widening, max(0, x) and rounding give
+// on AVX2 / AVX-512 (x for x > 0, -0.0 and NaN, +0.0 below; a NaN keeps its sign and payload,
+// quiet bit set, as F16C's and the bf16 narrow's NaN case do), but with no conversion: the
+// 16-bit relu moved as much data as the copy and ran at 0.62 of it in bf16 on a Zen 1 (0.81
+// on Zen 3), its widening and rounding queued on 128-bit pipes (CONTRIBUTING.md "A Zen 1
+// host"). The scalar variant's fp16 NaN (f32_to_half: 0x7e00, payload dropped) and the
+// avx512bf16 variant's flushed denormals (vcvtneps2bf16) now follow the same rule.
+template <class T>
+struct Relu16 {
+    static constexpr int16_t INF = std::is_same<T, bf16>::value ? 0x7f80 : 0x7c00;
+    static constexpr int16_t QUIET = std::is_same<T, bf16>::value ? 0x0040 : 0x0200;
+    static constexpr int16_t NEG0 = INT16_MIN;  // -0.0's bits
+    static inline uint16_t one(uint16_t c) {
+        if ((c & 0x7fff) > (uint16_t)INF) return (uint16_t)(c | QUIET);
+        return ((int16_t)c > 0 || c == 0x8000u) ? c : 0;
+    }
+    // W fp32 lanes of V as 2W 16-bit values (GCC vector extensions: the variant's integer ops)
+    static inline V vec(V v) {
+        typedef int16_t S __attribute__((vector_size(sizeof(V))));
+        S s, z = {};
+        __builtin_memcpy(&s, &v, sizeof s);
+        const S nan = (s & (S)(z + 0x7fff)) > (S)(z + INF);
+        const S keep = (s > z) | (s == (S)(z + NEG0)) | nan;
+        s = (s & keep) | (nan & (S)(z + QUIET));
+        __builtin_memcpy(&v, &s, sizeof s);
+        return v;
+    }
+};
+
+template <class T>
+void relu16_k(const void* xv, void* yv, int64_t count, bool nt) {
+    const uint16_t* x = (const uint16_t*)xv;
+    uint16_t* y = (uint16_t*)yv;
+    if (W == 1) {  // scalar variant: a plain loop (the compiler's baseline SSE2 vectorises it)
+        for (int64_t i = 0; i < count; ++i) y[i] = Relu16<T>::one(x[i]);
+        return;
+    }
+    int64_t i0 = 0;
+    if (count > 0 && ((uintptr_t)y & 2)) {  // y on a 4-byte boundary: the fp32 lanes' stores
+        y[0] = Relu16<T>::one(x[0]);
+        i0 = 1;
+    }
+    const int64_t pairs = (count - i0) / 2;
+    const float* xf = (const float*)(const void*)(x + i0);  // unaligned fp32 loads: loadu
+    float* yf = (float*)(void*)(y + i0);
+    write_row(yf, pairs, nt, [&](int64_t i) { return Relu16<T>::vec(vload(xf + i)); },
+              [&](int64_t i, int64_t k) { return Relu16<T>::vec(vload_part(xf + i, k, 0.f)); });
+    if (i0 + 2 * pairs < count) y[count - 1] = Relu16<T>::one(x[count - 1]);
+    if (nt) stream_fence();
+}
+
 // y[r, i] = act(x[r, i]) * x[r, h + i]
-template <class T, int G>
-void glu_k(const void* xv, void* yv, int64_t rows, int64_t h, bool nt) {
+template <class T, int G, bool ON>
+void glu_body(const void* xv, void* yv, int64_t rows, int64_t h, bool nt) {
     constexpr int OP = G == GLU_SWIGLU ? UN_SILU : (G == GLU_GEGLU_ERF ? UN_GELU_ERF : UN_GELU_TANH);
     const T* x = (const T*)xv;
     T* y = (T*)yv;
-    const auto f = of_codes<T, use_lut16<T>(G == GLU_GEGLU_ERF)>([](V v) { return act<OP, low_prec<T>()>(v); });
+    const auto f = of_codes<T, ON>([](V v) { return act<OP, low_prec<T>()>(v); });
     for (int64_t r = 0; r < rows; ++r) {
         const T* a = x + r * 2 * h;
         const T* b = a + h;
@@ -59,10 +117,19 @@ void glu_k(const void* xv, void* yv, int64_t rows, int64_t h, bool nt) {
     if (nt) stream_fence();
 }
 
+template <class T, int G>
+void glu_k(const void* xv, void* yv, int64_t rows, int64_t h, bool nt) {
+    constexpr bool DEAR = G == GLU_GEGLU_ERF;
+    if constexpr (lut_flex<T>(DEAR))
+        if (g_f16_lut) return glu_body<T, G, true>(xv, yv, rows, h, nt);
+    glu_body<T, G, use_lut16<T>(DEAR)>(xv, yv, rows, h, nt);
+}
+
 template <class T>
 void fill_t(KernelTable& t, int dt) {
     t.unary[dt][UN_SILU] = unary_k<T, UN_SILU>;
-    t.unary[dt][UN_RELU] = unary_k<T, UN_RELU>;
+    if constexpr (sizeof(T) == 2) t.unary[dt][UN_RELU] = relu16_k<T>;
+    else t.unary[dt][UN_RELU] = unary_k<T, UN_RELU>;
     t.unary[dt][UN_GELU_ERF] = unary_k<T, UN_GELU_ERF>;
     t.unary[dt][UN_GELU_TANH] = unary_k<T, UN_GELU_TANH>;
     t.unary[dt][UN_EXP] = unary_k<T, UN_EXP>;

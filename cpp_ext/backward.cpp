@@ -85,9 +85,14 @@ inline void act_df(V x, V& f, V& df) {
 }
 
 // act(a) and act'(a) for a gated kernel's operand a of type T: read from a table of pairs (lut16.h)
-// where use_lut16<T> (bf16 on AVX2 and scalar, fp16 on AVX2 for exact GELU only; relu's and
-// squared relu's stay computed), else computed by act_df. Same bits either way.
-template <class T, int ACT, bool ON = use_lut16<T>(ACT == A_GELU_ERF) && ACT != DA_RELU && ACT != DA_SRELU>
+// where use_lut16<T> (bf16 on AVX2 and scalar, fp16 on AVX2 for exact GELU, and on a Zen 1 for
+// the others too: lut16.h lut_flex; relu's and squared relu's stay computed), else computed by
+// act_df. Same bits either way.
+template <int ACT>
+constexpr bool act_dear() { return ACT == A_GELU_ERF; }
+template <int ACT>
+constexpr bool act_cheap() { return ACT == DA_RELU || ACT == DA_SRELU; }
+template <class T, int ACT, bool ON = use_lut16<T>(act_dear<ACT>()) && !act_cheap<ACT>()>
 struct ActDf {
     const float* t = nullptr;
     ActDf() {
@@ -108,13 +113,13 @@ inline bool stream_aligned(const T* p) {
     return ((uintptr_t)p % ((uintptr_t)W * sizeof(T))) == 0;
 }
 
-template <class T, int ACT>
-void glu2_k(const void* av, const void* bv, void* yv, int64_t rows, int64_t h, int64_t sa, int64_t sb, int64_t sy,
-            bool nt) {
+template <class T, int ACT, bool ON>
+void glu2_body(const void* av, const void* bv, void* yv, int64_t rows, int64_t h, int64_t sa, int64_t sb, int64_t sy,
+               bool nt) {
     const T* A = (const T*)av;
     const T* B = (const T*)bv;
     T* Y = (T*)yv;
-    const auto f = of_codes<T, use_lut16<T>(ACT == A_GELU_ERF)>([](V v) { return act_f<ACT, sizeof(T) == 2>(v); });
+    const auto f = of_codes<T, ON>([](V v) { return act_f<ACT, sizeof(T) == 2>(v); });
     for (int64_t r = 0; r < rows; ++r) {
         const T* a = A + r * sa;
         const T* b = B + r * sb;
@@ -123,6 +128,15 @@ void glu2_k(const void* av, const void* bv, void* yv, int64_t rows, int64_t h, i
             [&](int64_t i, int64_t k) { return f.part(a + i, k) * vload_part(b + i, k, 0.f); });
     }
     if (nt) stream_fence();
+}
+
+// The table choices made at import (lut16.h lut_flex: fp16 on AVX2, on a Zen 1 for these too).
+template <class T, int ACT>
+void glu2_k(const void* av, const void* bv, void* yv, int64_t rows, int64_t h, int64_t sa, int64_t sb, int64_t sy,
+            bool nt) {
+    if constexpr (lut_flex<T>(act_dear<ACT>()))
+        if (g_f16_lut) return glu2_body<T, ACT, true>(av, bv, yv, rows, h, sa, sb, sy, nt);
+    glu2_body<T, ACT, use_lut16<T>(act_dear<ACT>())>(av, bv, yv, rows, h, sa, sb, sy, nt);
 }
 
 // The gated derivative, row-strided (strides in elements): da = dy * b * act'(a), db = dy * act(a).
@@ -138,16 +152,16 @@ void glu2_k(const void* av, const void* bv, void* yv, int64_t rows, int64_t h, i
 // AVX-512 builds keep the alternating form: the line-at-a-time one (two 16-bit vectors per
 // line) ran 0.88-0.93x in bf16 / fp16 on a Zen 5 (the same ab_builds.py ops, --copies 2
 // --rounds 9, np.empty's placement; fp32, a vector per line, the same code: 1.02-1.05x).
-template <class T, int ACT>
-void gated_bwd_k(const void* dyv, const void* av, const void* bv, void* dav, void* dbv, int64_t rows, int64_t h,
-                int64_t sdy, int64_t sa, int64_t sb, int64_t sda, int64_t sdb, bool nt) {
+template <class T, int ACT, bool ON>
+void gated_bwd_body(const void* dyv, const void* av, const void* bv, void* dav, void* dbv, int64_t rows, int64_t h,
+                    int64_t sdy, int64_t sa, int64_t sb, int64_t sda, int64_t sdb, bool nt) {
     const T* DY = (const T*)dyv;
     const T* A = (const T*)av;
     const T* B = (const T*)bv;
     T* DA = (T*)dav;
     T* DB = (T*)dbv;
     constexpr int LINE_V = line_vectors<T>();
-    const ActDf<T, ACT> fdf;
+    const ActDf<T, ACT, ON> fdf;
     for (int64_t r = 0; r < rows; ++r) {
         const T* g = DY + r * sdy;
         const T* a = A + r * sa;
@@ -204,6 +218,16 @@ void gated_bwd_k(const void* dyv, const void* av, const void* bv, void* dav, voi
         }
     }
     if (nt) stream_fence();
+}
+
+template <class T, int ACT>
+void gated_bwd_k(const void* dyv, const void* av, const void* bv, void* dav, void* dbv, int64_t rows, int64_t h,
+                 int64_t sdy, int64_t sa, int64_t sb, int64_t sda, int64_t sdb, bool nt) {
+    if constexpr (lut_flex<T>(act_dear<ACT>()) && !act_cheap<ACT>())
+        if (g_f16_lut)
+            return gated_bwd_body<T, ACT, true>(dyv, av, bv, dav, dbv, rows, h, sdy, sa, sb, sda, sdb, nt);
+    gated_bwd_body<T, ACT, use_lut16<T>(act_dear<ACT>()) && !act_cheap<ACT>()>(dyv, av, bv, dav, dbv, rows, h, sdy,
+                                                                              sa, sb, sda, sdb, nt);
 }
 
 template <class T>

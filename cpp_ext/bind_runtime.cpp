@@ -32,6 +32,7 @@ py::dict build_info() {
     cpu["avx512_f_bw_dq_vl"] = cpu_avx512();
     cpu["avx512_bf16"] = cpu_avx512bf16();
     cpu["splits_512"] = cpu_splits_512();
+    cpu["halves_256"] = cpu_halves_256();
     cpu["vendor_amd"] = cpu_amd();
     d["cpu_supports"] = cpu;
     d["isa_note"] = g_isa_note;
@@ -52,6 +53,7 @@ py::dict build_info() {
     d["nontemporal_threshold_bytes"] = g_nt_bytes;
     d["softmax_exp_twice"] = g_softmax_exp_twice;
     d["norm_weights_16bit"] = g_norm_w16;
+    d["fp16_tables_all"] = g_f16_lut;
     d["rope_group"] = g_rope_group;
     d["rope_block_bytes"] = g_rope_block;
     d["output_cache"] = cache_info();
@@ -134,7 +136,8 @@ void register_runtime(py::module_& m) {
     m.def("build_info", &build_info);
     m.def(
         "_set_tuning",
-        [](int64_t par_bytes, int64_t nt_bytes, int softmax_exp_twice, int norm_w16, int64_t rg, int64_t rb) {
+        [](int64_t par_bytes, int64_t nt_bytes, int softmax_exp_twice, int norm_w16, int64_t rg, int64_t rb, int f16_lut) {
+            if (f16_lut >= 0) g_f16_lut = f16_lut != 0;
             if (rg > 0) g_rope_group = rg;
             if (rb > 0) g_rope_block = rb;
             if (par_bytes >= 0) g_par_bytes = par_bytes;
@@ -143,7 +146,7 @@ void register_runtime(py::module_& m) {
             if (norm_w16 >= 0) g_norm_w16 = norm_w16 != 0;
         },
         "parallel_threshold_bytes"_a = -1, "nontemporal_threshold_bytes"_a = -1, "softmax_exp_twice"_a = -1,
-        "norm_w16"_a = -1, "rope_group"_a = -1, "rope_block"_a = -1);
+        "norm_w16"_a = -1, "rope_group"_a = -1, "rope_block"_a = -1, "f16_lut"_a = -1);
     m.def("empty_cache", &empty_cache, "Free every cached output block; returns the bytes freed.");
     m.def("empty", &empty, "shape"_a, "dtype"_a);
     m.def("cache_info", &cache_info);

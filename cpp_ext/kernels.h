@@ -27,6 +27,14 @@ enum SoftmaxMode : int { SM_PLAIN = 0, SM_MASK = 1, SM_CAUSAL = 2 };
 // store), so it is chosen at import from the CPU's vendor (runtime.cpp cpu_amd) and reported by
 // build_info()["softmax_exp_twice"]; _set_tuning(softmax_exp_twice=) overrides it (A/B, tests).
 extern bool g_softmax_exp_twice;
+// Whether AVX2's fp16 kernels of the cheaper functions (silu, tanh-GELU, exp; swiglu, the tanh
+// geglu, the autograd's glu2 and every gated backward but relu's) read them from a table
+// (lut16.h lut_flex) as the dear ones (exact GELU, tanh, TE's flat derivatives) always do: on a
+// core with 128-bit vector pipes (Zen 1) computing them costs twice the pipe slots it costs Zen 3,
+// where the table lost (0.75-1.02x). Chosen at import (runtime.cpp cpu_halves_256),
+// build_info()["fp16_tables_all"], _set_tuning(f16_lut=). The same bits either way (the tables are
+// the kernels' own functions).
+extern bool g_f16_lut;
 // rope over several heads (bind_facade.cpp rope): heads per group and bytes of cos + sin per
 // block of positions; _set_tuning(rope_group=, rope_block=).
 extern int64_t g_rope_group, g_rope_block;

@@ -27,7 +27,9 @@
 // dsigmoid 1.14x, the autograd's exact-GELU backward 2.2-2.4x, tanh 2.4-2.6x, erf geglu's gated
 // backward (pair table) 1.46-1.71x; but silu 0.79-0.83x, swiglu 0.81x, TE's gated dswiglu /
 // dqgeglu 0.75-0.77x (pairs), tanh-GELU 1.00-1.02x and its gated backward 0.98-1.14x: those
-// stay computed (fp16 dsilu read 0.76x on 2026-11-29; why it gains now was not found). The table's
+// stay computed (fp16 dsilu read 0.76x on 2026-11-29; why it gains now was not found) - except
+// on a Zen 1, whose 128-bit pipes make computing them dearer: there they read tables too, chosen
+// at import (lut_flex below; silu 1.87x, tanh dgeglu 2.12x, exp 2.46x, CONTRIBUTING "A Zen 1 host"). The table's
 // worst case, every finite fp16 code equally likely (`--data codes`: a random walk over its
 // 256 KiB in L2), ran erf-GELU 0.77-0.80x, dgelu 0.97-1.02x, dsilu 0.76x; standard normal x 8
 // gained as x did (1.30-1.75x). Not AVX-512: on a Zen 4 the table read by vgatherdps was
@@ -55,6 +57,12 @@ template <class T>
 constexpr bool use_lut16(bool f16_too = false) {
     return TO_ISA != 2 && (std::is_same<T, bf16>::value || (TO_ISA == 1 && f16_too && std::is_same<T, f16>::value));
 }
+
+// Whether the table choice is made at import instead: fp16 on AVX2 for a function that is not
+// dear (kernels.h g_f16_lut, set on a Zen 1, whose 128-bit pipes make computing it twice as dear
+// as on Zen 3). The kernel then has both forms and branches once per call on the flag.
+template <class T>
+constexpr bool lut_flex(bool dear) { return !use_lut16<T>(dear) && use_lut16<T>(true); }
 
 // put(c, x) for every code c, W codes at a time (x: the W values c.. c + W - 1, widened as the
 // kernels widen), under the default MXCSR: nearest, all exceptions masked, no FTZ / DAZ.

@@ -69,6 +69,7 @@ int64_t g_nt_bytes = 8 << 20;
 // kernels.h; set by init_runtime from cpu_amd().
 bool g_softmax_exp_twice = false;
 bool g_norm_w16 = true;  // runtime.h
+bool g_f16_lut = false;  // kernels.h
 int64_t g_rope_group = 2, g_rope_block = 2 << 20;  // kernels.h; why: bind_facade.cpp rope
 // Default cap: 1 GiB or 1/16 of physical memory, whichever is less (init_runtime).
 int64_t g_cache_min = 1 << 20;
@@ -129,6 +130,23 @@ bool cpu_splits_512() {
     if (!cpu_avx512() || !cpu_amd() || !__get_cpuid(1, &a, &b, &c, &d)) return false;
     const unsigned family = ((a >> 8) & 0xfu) + (((a >> 8) & 0xfu) == 0xfu ? ((a >> 20) & 0xffu) : 0u);
     return family == 0x19;
+#else
+    return false;
+#endif
+}
+
+// Whether the core executes a 256-bit AVX instruction as two 128-bit halves: AMD's Zen 1 and
+// Zen+ (family 0x17 below model 0x30; Zen 2 from model 0x30 on has 256-bit pipes). On such a
+// core an AVX2 conversion or polynomial takes twice the pipe slots, so the norms read fp32
+// copies of 16-bit weights and the fp16 activations read tables (init_runtime).
+bool cpu_halves_256() {
+#ifdef TO_X86
+    unsigned a = 0, b = 0, c = 0, d = 0;
+    if (!cpu_amd() || !__get_cpuid(1, &a, &b, &c, &d)) return false;
+    const unsigned base = (a >> 8) & 0xfu;
+    const unsigned family = base + (base == 0xfu ? ((a >> 20) & 0xffu) : 0u);
+    const unsigned model = ((a >> 4) & 0xfu) | (base == 0xfu ? ((a >> 12) & 0xf0u) : 0u);
+    return family == 0x17 && model < 0x30;
 #else
     return false;
 #endif
@@ -339,9 +357,12 @@ void init_runtime() {
     // 1.15-1.17x on Zen 5, whose 512-bit pipes are whole; computing twice 1.18x on Intel's
     // Cascade Lake), and on a split core (Zen 4) an fp32 weight is the faster one
     // (bind_facade.cpp NormParams; Zen 5 keeps the 16-bit weights: rms / layer / add_rms /
-    // add_layer 0.97-1.14x with them, fp16 and bf16).
+    // add_layer 0.97-1.14x with them, fp16 and bf16). A Zen 1, whose 256-bit instructions
+    // are two 128-bit halves, is split as Zen 4 is at 512 (fp32 weights: fp16 / bf16 layer_norm
+    // 1.22x, fp16 rms_norm 1.11x, add_layer_norm 1.17x; CONTRIBUTING.md "A Zen 1 host").
     g_softmax_exp_twice = !cpu_amd();
-    g_norm_w16 = !cpu_splits_512();
+    g_norm_w16 = !cpu_splits_512() && !cpu_halves_256();
+    g_f16_lut = cpu_halves_256();
 #ifdef TO_HAVE_ATFORK
     pthread_atfork(nullptr, nullptr, at_fork_child);
 #endif

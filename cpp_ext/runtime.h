@@ -51,6 +51,7 @@ bool cpu_avx2();
 bool cpu_avx512();
 bool cpu_avx512bf16();
 bool cpu_amd();         // AuthenticAMD
+bool cpu_halves_256();  // Zen 1 / Zen+: 256-bit instructions as two 128-bit halves
 bool cpu_splits_512();  // Zen 4: 512-bit instructions as two 256-bit halves
 std::vector<const char*> compiled_variants();  // "scalar" first, then what was built
 struct BuildFlags {

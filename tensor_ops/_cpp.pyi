@@ -238,11 +238,14 @@ def _tanh(x: _Arr, out: Optional[_Arr] = None, *, dtype: _BF16 = None) -> _Arr:
     """Test hook: the vectorised tanh (sign(x)*(1 - 2/(e^(2|x|)+1)), odd series near 0)."""
 def _set_tuning(parallel_threshold_bytes: int = -1, nontemporal_threshold_bytes: int = -1,
                 softmax_exp_twice: int = -1, norm_w16: int = -1, rope_group: int = -1,
-                rope_block: int = -1) -> None:
+                rope_block: int = -1, f16_lut: int = -1) -> None:
     """Benchmark hook: bytes of traffic from which calls go multi-threaded / outputs from
     which stores are non-temporal; whether the AVX-512 fp16 softmax computes exp twice
     instead of storing it, and whether the norms read 16-bit weights as they are (1 / 0;
     both chosen at import from the CPU: build_info()["softmax_exp_twice"],
     ["norm_weights_16bit"]); how many heads of a multi-head rope share each table row and
     how many bytes of cos + sin make a block of positions (build_info()["rope_group"],
-    ["rope_block_bytes"]; values <= 0 keep them); -1 keeps the current value."""
+    ["rope_block_bytes"]; values <= 0 keep them); whether AVX2's fp16 kernels of the cheaper
+    functions (silu, tanh-GELU, exp and their gated forms and backward) read tables (1 / 0;
+    build_info()["fp16_tables_all"], chosen at import: a Zen 1 does); -1 keeps the current
+    value."""

@@ -236,3 +236,72 @@ def test_cpp_bf16_gated_activations_every_code(C, h):
         err, bound = np.abs(y - want)[finite], (rtol * np.abs(want) + atol)[finite]
         assert (err <= bound).all(), (f"{name}: {(err > bound).sum()} values off, worst at a="
                                       f"{av[finite][np.argmax(err / bound)]}: {(err / bound).max():.3f} of the bound")
+
+
+def relu16_rule(codes: np.ndarray, fp16: bool) -> np.ndarray:
+    """relu on 16-bit codes as every variant now stores it (activation.cpp Relu16): x for x > 0,
+    -0.0 and NaN (sign and payload kept, quiet bit set), +0.0 for the rest."""
+    inf, quiet = (0x7C00, 0x0200) if fp16 else (0x7F80, 0x0040)
+    c = codes.astype(np.uint16)
+    nan = (c & 0x7FFF) > inf
+    keep = (c.view(np.int16) > 0) | (c == 0x8000)
+    return np.where(nan, c | quiet, np.where(keep, c, 0)).astype(np.uint16)
+
+
+@fmts
+@pytest.mark.parametrize("start", [0, 1, 2, 3], ids=lambda s: f"start{s}")
+@pytest.mark.parametrize("nt", [False, True], ids=["cached", "streamed"])
+def test_cpp_16bit_relu_every_code_by_the_rule(C, fmt, start, nt):
+    """The 16-bit relu works on the codes (no widening, no rounding): every code, in rows and
+    chunks that start on each 2-byte offset (the fp32-lane loop needs its output on a 4-byte
+    boundary: an odd start runs one element alone) and end off the vector width, single- and
+    multi-threaded, with cached and with streaming stores. Bitwise the widen / max / round form
+    wherever that kept payloads (AVX2, AVX-512), and the same rule on every variant."""
+    codes = every_code(9, 9363, seed=start + 11)
+    x = np.concatenate([codes, codes[:, :5]], axis=1)[:, start:start + 9363 + 2]
+    old = C.build_info()
+    try:
+        C._set_tuning(0 if nt else -1, 0 if nt else -1)  # threads and streaming stores from the smallest call
+        got = C.relu(fmt.arr(np.ascontiguousarray(x)), **fmt.kw)
+        flat = C.relu(fmt.arr(np.ascontiguousarray(x).reshape(-1)[start:]), **fmt.kw)
+    finally:
+        C._set_tuning(old["parallel_threshold_bytes"], old["nontemporal_threshold_bytes"])
+    want = relu16_rule(np.ascontiguousarray(x), fmt.fp16)
+    np.testing.assert_array_equal(fmt.bits(got), want)
+    np.testing.assert_array_equal(fmt.bits(flat), want.reshape(-1)[start:])
+
+
+@pytest.mark.parametrize("shape", SHAPES, ids=str)
+def test_cpp_fp16_tables_either_way_bitwise(C, shape):
+    """AVX2's fp16 kernels of the cheaper functions read them from a table on a Zen 1 and
+    compute them elsewhere (build_info()["fp16_tables_all"], chosen at import; lut16.h
+    lut_flex): the table is the kernel's own function, so both give the same bits for every
+    code - the forward activations, the autograd's exp and glu2, the gated backward (the
+    autograd's and TE's dglu). Elsewhere (AVX-512, scalar) the flag changes no kernel."""
+    x = every_code(*shape, seed=21).view(np.float16)
+    b = FMTS[1].normal(shape, seed=22)
+    xx = np.concatenate([x, b], axis=1)
+    g = FMTS[1].normal(shape, seed=23)
+
+    def dglu(kind):
+        y = np.empty_like(xx)
+        C.dglu(g, xx, y, C.DACT_CODES[kind])
+        return y
+
+    calls = {"silu": lambda: C.silu(x), "gelu_tanh": lambda: C.gelu(x, "tanh"), "exp": lambda: C._exp(x),
+             "swiglu": lambda: C.swiglu(xx), "geglu_tanh": lambda: C.geglu(xx, "tanh"),
+             **{f"glu2 {a}": (lambda a=a: C.glu2(x, b, act=a)) for a in ("silu", "gelu_tanh")},
+             **{f"glu2_bwd {a}": (lambda a=a: np.concatenate(C.glu2_bwd(g, x, b, act=a), axis=1))
+                for a in ("silu", "gelu_tanh")},
+             **{f"dglu {k}": (lambda k=k: dglu(k)) for k in ("silu", "gelu", "qgelu", "sigmoid")}}
+    old = int(C.build_info()["fp16_tables_all"])
+    assert C.build_info()["fp16_tables_all"] == C.build_info()["cpu_supports"]["halves_256"]
+    try:
+        got = {}
+        for on in (0, 1):
+            C._set_tuning(f16_lut=on)
+            got[on] = {k: f().view(np.uint16) for k, f in calls.items()}
+    finally:
+        C._set_tuning(f16_lut=old)
+    for k in calls:
+        np.testing.assert_array_equal(got[1][k], got[0][k], err_msg=f"{k}: the table and the computed form")
