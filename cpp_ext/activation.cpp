@@ -53,6 +53,7 @@ void unary_k(const void* xv, void* yv, int64_t count, bool nt) {
 // on Zen 3), its widening and rounding queued on 128-bit pipes (CONTRIBUTING.md "A Zen 1
 // host"). The scalar variant's fp16 NaN (f32_to_half: 0x7e00, payload dropped) and the
 // avx512bf16 variant's flushed denormals (vcvtneps2bf16) now follow the same rule.
+// rowio.h write_row16 stores them as fp32 lanes.
 template <class T>
 struct Relu16 {
     static constexpr int16_t INF = std::is_same<T, bf16>::value ? 0x7f80 : 0x7c00;
@@ -62,16 +63,11 @@ struct Relu16 {
         if ((c & 0x7fff) > (uint16_t)INF) return (uint16_t)(c | QUIET);
         return ((int16_t)c > 0 || c == 0x8000u) ? c : 0;
     }
-    // W fp32 lanes of V as 2W 16-bit values (GCC vector extensions: the variant's integer ops)
-    static inline V vec(V v) {
-        typedef int16_t S __attribute__((vector_size(sizeof(V))));
-        S s, z = {};
-        __builtin_memcpy(&s, &v, sizeof s);
-        const S nan = (s & (S)(z + 0x7fff)) > (S)(z + INF);
-        const S keep = (s > z) | (s == (S)(z + NEG0)) | nan;
-        s = (s & keep) | (nan & (S)(z + QUIET));
-        __builtin_memcpy(&v, &s, sizeof s);
-        return v;
+    static inline S16 vec(S16 s) {
+        const S16 z = {};
+        const S16 nan = (s & s16_splat(0x7fff)) > s16_splat(INF);
+        const S16 keep = (s > z) | (s == s16_splat(NEG0)) | nan;
+        return (s & keep) | (nan & s16_splat(QUIET));
     }
 };
 
@@ -79,25 +75,17 @@ template <class T>
 void relu16_k(const void* xv, void* yv, int64_t count, bool nt) {
     const uint16_t* x = (const uint16_t*)xv;
     uint16_t* y = (uint16_t*)yv;
-    if (W == 1) {  // scalar variant: a plain loop (the compiler's baseline SSE2 vectorises it)
+    if constexpr (W == 1) {  // scalar variant: a plain loop (the compiler's baseline SSE2 vectorises it)
         for (int64_t i = 0; i < count; ++i) y[i] = Relu16<T>::one(x[i]);
-        return;
+    } else {
+        write_row16(
+            y, count, nt, [&](int64_t e) { return Relu16<T>::one(x[e]); },
+            [&](int64_t e) { return Relu16<T>::vec(s16_load(x + e)); },
+            [&](int64_t e, int64_t k) { return Relu16<T>::vec(s16_load_part(x + e, k)); });
+        if (nt) stream_fence();
     }
-    int64_t i0 = 0;
-    if (count > 0 && ((uintptr_t)y & 2)) {  // y on a 4-byte boundary: the fp32 lanes' stores
-        y[0] = Relu16<T>::one(x[0]);
-        i0 = 1;
-    }
-    const int64_t pairs = (count - i0) / 2;
-    const float* xf = (const float*)(const void*)(x + i0);  // unaligned fp32 loads: loadu
-    float* yf = (float*)(void*)(y + i0);
-    write_row(yf, pairs, nt, [&](int64_t i) { return Relu16<T>::vec(vload(xf + i)); },
-              [&](int64_t i, int64_t k) { return Relu16<T>::vec(vload_part(xf + i, k, 0.f)); });
-    if (i0 + 2 * pairs < count) y[count - 1] = Relu16<T>::one(x[count - 1]);
-    if (nt) stream_fence();
 }
 
-// y[r, i] = act(x[r, i]) * x[r, h + i]
 template <class T, int G, bool ON>
 void glu_body(const void* xv, void* yv, int64_t rows, int64_t h, bool nt) {
     constexpr int OP = G == GLU_SWIGLU ? UN_SILU : (G == GLU_GEGLU_ERF ? UN_GELU_ERF : UN_GELU_TANH);

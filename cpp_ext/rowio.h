@@ -126,6 +126,42 @@ inline auto nan_free(const G& g) {
         return g;
 }
 
+// 16-bit values worked on as their codes, 2W to a V (GCC vector extensions: the variant's own
+// integer instructions): the kernels whose 16-bit result is a select of operand bits need no
+// widening and no rounding (activation.cpp relu, tex_train.cpp drelu).
+typedef int16_t S16 __attribute__((vector_size(sizeof(V))));
+inline S16 s16_of(V v) {
+    S16 s;
+    __builtin_memcpy(&s, &v, sizeof s);
+    return s;
+}
+inline V v_of(S16 s) {
+    V v;
+    __builtin_memcpy(&v, &s, sizeof s);
+    return v;
+}
+inline S16 s16_splat(int16_t c) { return S16{} + c; }
+// The codes at p, 2W of them (unaligned fp32 loads), or 2k with the rest 0.
+inline S16 s16_load(const uint16_t* p) { return s16_of(vload((const float*)(const void*)p)); }
+inline S16 s16_load_part(const uint16_t* p, int64_t k) { return s16_of(vload_part((const float*)(const void*)p, k, 0.f)); }
+
+// Write y[0, count) of 16-bit codes through write_row as count / 2 fp32 lanes (its streaming
+// stores, heads and tails): one(e) gives element e alone, full(e) / part(e, k) the S16 of 2W /
+// 2k elements from e. The fp32 lanes need y on a 4-byte boundary, so an odd start runs one
+// element alone, as does an odd end. Vector variants only (W > 1).
+template <class One, class Full, class Part>
+inline void write_row16(uint16_t* y, int64_t count, bool nt, const One& one, const Full& full, const Part& part) {
+    int64_t e0 = 0;
+    if (count > 0 && ((uintptr_t)y & 2)) {
+        y[0] = one(0);
+        e0 = 1;
+    }
+    const int64_t pairs = (count - e0) / 2;
+    write_row((float*)(void*)(y + e0), pairs, nt, [&](int64_t i) { return v_of(full(e0 + 2 * i)); },
+              [&](int64_t i, int64_t k) { return v_of(part(e0 + 2 * i, k)); });
+    if (e0 + 2 * pairs < count) y[count - 1] = one(count - 1);
+}
+
 // Write y[0, n) from a vector generator. `full(i)` computes lanes [i, i+W) from full
 // loads; `part(i, k)` computes them from partial loads (only k lanes valid). With nt
 // (large outputs) the body uses non-temporal stores: they skip the read-for-ownership of

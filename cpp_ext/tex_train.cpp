@@ -3,6 +3,8 @@
 // gated_bwd_k; TE's scaled softmax is softmax.cpp's), fused RoPE over (token, head) rows with a
 // position per token, and the SGD step. fp32 math for every storage dtype.
 #include <cmath>
+#include <cstdint>
+#include <cstring>
 
 #include "vmath.h"
 #include "variant.h"
@@ -77,6 +79,46 @@ inline auto stored_summed(V v, float* acc, int64_t k) {
     }
 }
 
+// TE's drelu of 16-bit operands on their codes: g * (x > 0 ? 1 : 0) rounded, without widening or
+// rounding: g where x > 0 (not NaN), else g * 0 (a zero of g's sign; the default NaN for an
+// infinite g); a NaN g stays NaN, quiet bit set. Bitwise what the widening form gives on AVX2 /
+// AVX-512 (the avx512bf16 variant flushed denormal results; this keeps them, as relu does),
+// at the cost of its loads and stores: bf16 drelu read 0.72 of the ceiling on a Zen 1, 0.75 on
+// Zen 3 (CONTRIBUTING.md "A Zen 1 host").
+template <class T>
+struct Drelu16 {
+    static constexpr int16_t INF = std::is_same<T, bf16>::value ? 0x7f80 : 0x7c00;
+    static constexpr int16_t QUIET = std::is_same<T, bf16>::value ? 0x0040 : 0x0200;
+    static constexpr int16_t DNAN = std::is_same<T, bf16>::value ? (int16_t)0xffc0 : (int16_t)0xfe00;  // inf * 0
+    static constexpr int16_t SIGN = INT16_MIN;
+    static inline uint16_t one(uint16_t g, uint16_t x) {
+        if ((g & 0x7fff) > (uint16_t)INF) return (uint16_t)(g | QUIET);
+        if ((int16_t)x > 0 && (x & 0x7fff) <= (uint16_t)INF) return g;
+        if ((g & 0x7fff) == (uint16_t)INF) return (uint16_t)DNAN;
+        return g & 0x8000u;
+    }
+    static inline S16 vec(S16 g, S16 x) {
+        const S16 mag = g & s16_splat(0x7fff), inf = s16_splat(INF);
+        const S16 gnan = mag > inf, ginf = mag == inf;
+        const S16 xpos = (x > S16{}) & ~((x & s16_splat(0x7fff)) > inf);
+        const S16 zero = (ginf & s16_splat(DNAN)) | (~ginf & g & s16_splat(SIGN));
+        const S16 r = (xpos & g) | (~xpos & zero);
+        return (~gnan & r) | (gnan & (g | s16_splat(QUIET)));
+    }
+};
+
+template <class T>
+void drelu16_flat(const uint16_t* g, const uint16_t* x, uint16_t* y, int64_t count, bool nt) {
+    if constexpr (W == 1) {
+        for (int64_t i = 0; i < count; ++i) y[i] = Drelu16<T>::one(g[i], x[i]);
+    } else {
+        write_row16(
+            y, count, nt, [&](int64_t e) { return Drelu16<T>::one(g[e], x[e]); },
+            [&](int64_t e) { return Drelu16<T>::vec(s16_load(g + e), s16_load(x + e)); },
+            [&](int64_t e, int64_t k) { return Drelu16<T>::vec(s16_load_part(g + e, k), s16_load_part(x + e, k)); });
+    }
+}
+
 // y = g * act'(x) over rows x n; with acc (fp32 [n]) the column sums of y are added to it.
 // act'(x) of a bf16 x is read from its table (lut16.h) on AVX2 and scalar, of an fp16 x on
 // AVX2, except relu's and squared relu's, cheaper computed.
@@ -87,6 +129,13 @@ void dact_k(const void* gv, const void* xv, void* yv, int64_t rows, int64_t n, f
     T* y = (T*)yv;
     constexpr bool ON = use_lut16<T>(true) && OP != DA_RELU && OP != DA_SRELU;
     const auto d = of_codes<T, ON>([](V v) { return dact_v<OP>(v); });
+    if constexpr (OP == DA_RELU && sizeof(T) == 2) {
+        if (!acc) {  // flat: on the codes (Drelu16 above)
+            drelu16_flat<T>((const uint16_t*)gv, (const uint16_t*)xv, (uint16_t*)yv, rows * n, nt);
+            if (nt) stream_fence();
+            return;
+        }
+    }
     if (!acc) {  // flat
         const int64_t cnt = rows * n;
         const auto full = [&](int64_t i) { return vload(g + i) * d.full(x + i); };
@@ -242,17 +291,37 @@ void sgd_loop(const T* g, T* p, T* b, int64_t n, const SgdParams q) {
         if constexpr (MOM) {
             V buf = gg;
             if constexpr (!FIRST) buf = vfma_once(mom, ld(b + i, k), damp * gg);
-            st(b + i, buf, k);
+            st_num(b + i, buf, k);  // variant.h st_num: products and FMAs
             gg = NESTEROV ? vfma_once(mom, buf, gg) : buf;
         }
         if constexpr (WD_AFTER) gg = vfma_once(wd, pp, gg);
-        st(p + i, vfnma_once(lr, gg, pp), k);
+        st_num(p + i, vfnma_once(lr, gg, pp), k);
     });
+}
+
+// A NaN scalar as a bf16 store keeps it: high half, quiet bit set, low half zero. sgd_loop's
+// bf16 stores round without the NaN case (variant.h st_num), which is exact when every NaN it
+// meets has a zero low half; a caller's lr = NaN with any payload then stores the bits
+// bf16_round_word gives it (a payload of ones in the low half would otherwise carry into the
+// sign: a NaN step storing zero). Any other dtype, or a number: unchanged.
+template <class T>
+inline float bf16_nan_high(float x) {
+    if (!std::is_same_v<T, bf16> || !std::isnan(x)) return x;
+    uint32_t u;
+    std::memcpy(&u, &x, 4);
+    u = (u & 0xffff0000u) | 0x00400000u;
+    std::memcpy(&x, &u, 4);
+    return x;
 }
 
 template <class T>
 void sgd_k(const void* gv, void* pv, void* bv, int64_t n, const SgdParams* a) {
-    const SgdParams q = *a;
+    SgdParams q = *a;
+    q.scale = bf16_nan_high<T>(q.scale);
+    q.wd = bf16_nan_high<T>(q.wd);
+    q.momentum = bf16_nan_high<T>(q.momentum);
+    q.dampening = bf16_nan_high<T>(q.dampening);
+    q.lr = bf16_nan_high<T>(q.lr);
     with_flag(q.wd != 0.0f && !q.wd_after, [&](auto wd_before) {
         with_flag(q.wd != 0.0f && q.wd_after, [&](auto wd_after) {
             with_flag(q.momentum != 0.0f, [&](auto mom) {

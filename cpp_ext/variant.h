@@ -29,6 +29,18 @@ inline void st(T* p, V v, int64_t k) {
     if (k == W) vstore(p, v);
     else vstore_part(p, v, k);
 }
+// st for a value that is an fp32 product / sum / FMA of widened operands and scalars whose
+// NaNs have a zero low half (rowio.h nan_free's condition): AVX2's bf16 rounds it without the
+// NaN case, the same bits (tex_train.cpp sgd_loop's p and momentum, its scalars made so by
+// bf16_nan_high; not Adam's: its fp32 moments may hold any payload).
+template <class T>
+inline void st_num(T* p, V v, int64_t k) {
+#if TO_ISA == 1
+    if constexpr (std::is_same_v<T, bf16>)
+        if (k == W) return vstore(p, vpack16_num(p, v));
+#endif
+    st(p, v, k);
+}
 
 // f(i, k) over [0, n) a vector at a time: the full vectors with k == W, a constant once f is
 // inlined (so ld/st's partial branch leaves the loop), then the tail once. The flat kernels

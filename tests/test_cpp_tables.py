@@ -305,3 +305,57 @@ def test_cpp_fp16_tables_either_way_bitwise(C, shape):
         C._set_tuning(f16_lut=old)
     for k in calls:
         np.testing.assert_array_equal(got[1][k], got[0][k], err_msg=f"{k}: the table and the computed form")
+
+
+def drelu16_rule(g: np.ndarray, x: np.ndarray, fp16: bool) -> np.ndarray:
+    """TE's drelu, g * (x > 0), on 16-bit codes as every variant stores it (tex_train.cpp
+    Drelu16): g where x > 0, else a zero of g's sign (the default NaN for an infinite g); a NaN
+    g stays NaN, quiet bit set."""
+    inf, quiet, dnan = (0x7C00, 0x0200, 0xFE00) if fp16 else (0x7F80, 0x0040, 0xFFC0)
+    g, x = g.astype(np.uint16), x.astype(np.uint16)
+    gm = g & 0x7FFF
+    xpos = (x.view(np.int16) > 0) & ((x & 0x7FFF) <= inf)
+    r = np.where(xpos, g, np.where(gm == inf, dnan, g & 0x8000))
+    return np.where(gm > inf, g | quiet, r).astype(np.uint16)
+
+
+@fmts
+@pytest.mark.parametrize("start", [0, 1], ids=lambda s: f"start{s}")
+@pytest.mark.parametrize("nt", [False, True], ids=["cached", "streamed"])
+def test_cpp_16bit_drelu_every_code_by_the_rule(C, fmt, start, nt):
+    """TE's flat 16-bit drelu works on the codes: every g code against shuffled x codes, and
+    every pair of the special values (zeros, subnormals, ones, infinities, quiet and signalling
+    NaNs of both signs), on both 2-byte offsets of the output, with cached and streaming stores."""
+    sp = np.array([0x0000, 0x8000, 0x0001, 0x8001, 0x3C00 if fmt.fp16 else 0x3F80, 0xBC00 if fmt.fp16 else 0xBF80,
+                   0x7C00 if fmt.fp16 else 0x7F80, 0xFC00 if fmt.fp16 else 0xFF80,
+                   0x7E01 if fmt.fp16 else 0x7FC1, 0xFC01 if fmt.fp16 else 0xFF81], np.uint16)
+    g = np.concatenate([every_code(9, 9363, seed=31).reshape(-1), np.repeat(sp, sp.size)])
+    x = np.concatenate([every_code(9, 9363, seed=32).reshape(-1), np.tile(sp, sp.size)])
+    g, x = g[start:], x[start:]
+    old = C.build_info()
+    try:
+        C._set_tuning(0 if nt else -1, 0 if nt else -1)
+        y = np.empty_like(fmt.arr(g))
+        C.dact(fmt.arr(g), fmt.arr(x), y, C.DACT_CODES["relu"], None, **fmt.kw)
+    finally:
+        C._set_tuning(old["parallel_threshold_bytes"], old["nontemporal_threshold_bytes"])
+    np.testing.assert_array_equal(fmt.bits(y), drelu16_rule(g, x, fmt.fp16))
+
+
+@pytest.mark.parametrize("scalar", ["lr", "momentum", "dampening", "wd", "scale"])
+def test_cpp_bf16_sgd_nan_scalar_payload_stays_nan(C, scalar):
+    """A NaN scalar whose low half is all ones (the payload of struct's b'\\xff' * 8) makes every
+    bf16 parameter and momentum NaN. AVX2's bf16 stores round without the NaN case
+    (variant.h st_num), so sgd_k keeps only a NaN scalar's high half (bf16_nan_high): without it
+    that payload's rounding carried into the sign bit and stored zeros."""
+    import struct
+
+    nan = struct.unpack("<d", b"\xff" * 8)[0]
+    kw = {"wd": 1e-2, "momentum": 0.9, "dampening": 0.1, "lr": 1e-3, "scale": 1.0, scalar: nan}
+    rng = np.random.default_rng(0)
+    g, p, buf = (to_bf16(rng.standard_normal(1000).astype(np.float32)).view(np.int16) for _ in range(3))
+    C.sgd_step(g, p, buf, kw["wd"], kw["momentum"], kw["dampening"], kw["lr"], False, False, False, kw["scale"],
+               dtype="bfloat16")
+    assert np.isnan(widen(p.view(np.uint16))).all(), "p"
+    if scalar != "lr":
+        assert np.isnan(widen(buf.view(np.uint16))).all(), "momentum"
