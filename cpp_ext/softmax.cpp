@@ -39,6 +39,32 @@ inline void prefetch_l2(const void* p, int bytes) {
     for (int b = 0; b < bytes; b += 64) __builtin_prefetch((const char*)p + b, 0, 2);
 }
 
+// Lanes [0, k) of v, the rest `fill` (-Inf for a max, 0 past a causal row's end).
+inline V lanes_below(V v, int64_t k, float fill) {
+    alignas(64) float t[W];
+    vstore(t, v);
+    return vload_part(t, k, fill);
+}
+
+// A causal row's write (len < n): y[0, len) = e * inv, y[len, n) = 0 - exactly 0 also in the
+// vector that holds the row's end, where a NaN row's inv would make the padded lanes 0 * NaN
+// (TE's kernel writes 0 past the limit, whatever the row holds). pf is stepped as write_row
+// steps it and returned (softmax_rows.h passes the next row's exp steps in it).
+template <class T, class PF>
+inline PF write_causal(T* yr, int64_t n, int64_t len, const float* e, V inv, bool nt, PF pf) {
+    const auto head = [&](int64_t j, int64_t k) {  // lanes [j, j + k), k <= W; len - j of them count
+        const int64_t c = len - j < k ? (len > j ? len - j : 0) : k;
+        return c == 0 ? vset(0.0f) : lanes_below(vload_part(e + j, c, 0.f) * inv, c, 0.0f);
+    };
+    return write_row(
+        yr, n, nt,
+        [&](int64_t j) {
+            if (j + W <= len) return vload(e + j) * inv;
+            return head(j, W);
+        },
+        head, pf);
+}
+
 // One row: yr[0, len) = softmax(z[0, len)), yr[len, n) = 0 (TE's causal rows), len >= 1.
 // z(i) gives the logits of lanes [i, i+W), zp(i, k) those of a partial vector (lanes >= k
 // anything: they are dropped here). e: n floats of scratch.
@@ -96,12 +122,6 @@ __attribute__((flatten)) inline void softmax_row(T* yr, int64_t n, int64_t len, 
     const auto zp2 = [&](int64_t i, int64_t k) { return KEEP ? vload_part(e + i, k, 0.f) : zp_(i, k); };
     const bool rc = !KEEP && TO_ISA == 2 && std::is_same_v<T, f16> && len == n && g_softmax_exp_twice;
     const float ninf = -__builtin_inff();
-    alignas(64) float t[W];
-    // lanes [0, k) of a partial vector, the rest -Inf (for the max)
-    const auto vmax_part = [&](V v, int64_t k) {
-        vstore(t, v);
-        return vload_part(t, k, ninf);
-    };
     float c;
     {
         const int64_t end = (KEEP || len < SHIFT_LANES) ? len : SHIFT_LANES;
@@ -112,7 +132,7 @@ __attribute__((flatten)) inline void softmax_row(T* yr, int64_t n, int64_t len, 
             m1 = vmax(m1, z(i + W));
         }
         for (; i + W <= end; i += W) m0 = vmax(m0, z(i));
-        if (i < end) m0 = vmax(m0, vmax_part(zp(i, end - i), end - i));
+        if (i < end) m0 = vmax(m0, lanes_below(zp(i, end - i), end - i, ninf));
         c = hmax(vmax(m0, m1));
     }
     // e = e^(z - c) over the row (stored unless rc), its sum; the row's max when `track`
@@ -145,7 +165,7 @@ __attribute__((flatten)) inline void softmax_row(T* yr, int64_t n, int64_t len, 
             for (; i < end; i += W) {
                 const int64_t k = end - i < W ? end - i : W;
                 const V zz = k == W ? z2(i) : zp2(i, k);
-                if constexpr (track) m0 = vmax(m0, k == W ? zz : vmax_part(zz, k));
+                if constexpr (track) m0 = vmax(m0, k == W ? zz : lanes_below(zz, k, ninf));
                 V v = vexp_shift<LP>(zz, vc);
                 st(e + i, v, k);
                 if (k < W) v = vload_part(e + i, k, 0.0f);  // padded lanes must not count
@@ -173,15 +193,8 @@ __attribute__((flatten)) inline void softmax_row(T* yr, int64_t n, int64_t len, 
         const auto full = [&](int64_t j) { return vload(e + j) * inv; };
         const auto part = [&](int64_t j, int64_t k) { return vload_part(e + j, k, 0.f) * inv; };
         write_row(yr, n, nt, nan_free<T>(full), nan_free<T>(part), pf);
-    } else {  // the causal tail: zeros
-        write_row(
-            yr, n, nt,
-            [&](int64_t j) {
-                if (j + W <= len) return vload(e + j) * inv;
-                return j >= len ? vset(0.0f) : vload_part(e + j, len - j, 0.f) * inv;
-            },
-            [&](int64_t j, int64_t k) { return vload_part(e + j, len - j < k ? (len > j ? len - j : 0) : k, 0.f) * inv; },
-            pf);
+    } else {
+        write_causal(yr, n, len, e, inv, nt, pf);
     }
 }
 
@@ -202,7 +215,7 @@ void softmax_k(const void* xv, void* yv, int64_t rows, int64_t n, float* scratch
     T* y = (T*)yv;
     if (softmax_lines<T>(x, y, n)) {
         if constexpr (std::is_same_v<T, float>)
-            softmax_rows_pipelined(x, y, rows, n, [](int64_t) { return std::make_pair(Logits<false>(), false); },
+            softmax_rows_pipelined(x, y, rows, n, [n](int64_t) { return std::make_pair(Logits<false>(), n); },
                                    scratch, nt);
     } else {
         for (int64_t r = 0; r < rows; ++r) {
@@ -228,16 +241,23 @@ void tsoftmax_k(const void* xv, void* yv, int64_t rows, int64_t n, float scale, 
         const int64_t mb = mask_batches == 1 ? 0 : (grow / sq) / heads;
         return mask + mb * sq * n + (grow % sq) * n;
     };
+    const auto causal_len = [&](int64_t grow) {  // the allowed columns, j <= lim
+        const int64_t lim = grow % sq + causal_off;
+        return lim < 0 ? int64_t{0} : (lim + 1 < n ? lim + 1 : n);
+    };
     if constexpr (std::is_same_v<T, float>) {
-        if ((mode == SM_PLAIN || mode == SM_MASK) && softmax_lines<T>(x, y, n)) {
+        if (softmax_lines<T>(x, y, n)) {
             if (mode == SM_PLAIN) {
-                softmax_rows_pipelined(x, y, rows, n, [&](int64_t) { return std::make_pair(plain, false); }, e, nt);
+                softmax_rows_pipelined(x, y, rows, n, [&](int64_t) { return std::make_pair(plain, n); }, e, nt);
+            } else if (mode == SM_CAUSAL) {
+                softmax_rows_pipelined(
+                    x, y, rows, n, [&](int64_t r) { return std::make_pair(plain, causal_len(row0 + r)); }, e, nt);
             } else {
                 softmax_rows_pipelined(
                     x, y, rows, n,
                     [&](int64_t r) {
                         const uint8_t* mr = mask_row(row0 + r);
-                        return std::make_pair(MaskedLogits{plain.vs, mr}, !std::memchr(mr, 0, (size_t)n));
+                        return std::make_pair(MaskedLogits{plain.vs, mr}, std::memchr(mr, 0, (size_t)n) ? n : int64_t{0});
                     },
                     e, nt);
             }
@@ -252,8 +272,7 @@ void tsoftmax_k(const void* xv, void* yv, int64_t rows, int64_t n, float scale, 
         const uint8_t* mr = nullptr;
         const int64_t grow = row0 + r;
         if (mode == SM_CAUSAL) {
-            const int64_t lim = grow % sq + causal_off;  // last allowed column
-            len = lim < 0 ? 0 : (lim + 1 < n ? lim + 1 : n);
+            len = causal_len(grow);
         } else if (mode == SM_MASK) {
             mr = mask_row(grow);
             if (!std::memchr(mr, 0, (size_t)n)) len = 0;  // every element masked

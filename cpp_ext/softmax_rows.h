@@ -41,13 +41,6 @@ struct MaskedLogits {
     }
 };
 
-// Lanes [0, k) of v, the rest -Inf (for a max; softmax_row's vmax_part).
-inline V with_ninf_past(V v, int64_t k) {
-    alignas(64) float t[W];
-    vstore(t, v);
-    return vload_part(t, k, -__builtin_inff());
-}
-
 // The shift c of a row (softmax_row's: the max of its first SHIFT_LANES logits, in its order).
 template <class T, class Z>
 inline float head_max(const T* x, int64_t n, const Z& z) {
@@ -60,7 +53,7 @@ inline float head_max(const T* x, int64_t n, const Z& z) {
         m1 = vmax(m1, z.full(x, i + W));
     }
     for (; i + W <= end; i += W) m0 = vmax(m0, z.full(x, i));
-    if (i < end) m0 = vmax(m0, with_ninf_past(z.part(x, i, end - i), end - i));
+    if (i < end) m0 = vmax(m0, lanes_below(z.part(x, i, end - i), end - i, -__builtin_inff()));
     return hmax(vmax(m0, m1));
 }
 
@@ -95,7 +88,7 @@ struct ExpSteps {
         for (; i < end; i += W) {
             const int64_t k = end - i < W ? end - i : W;
             const V zz = k == W ? z.full(x, i) : z.part(x, i, k);
-            m0 = vmax(m0, k == W ? zz : with_ninf_past(zz, k));
+            m0 = vmax(m0, k == W ? zz : lanes_below(zz, k, -__builtin_inff()));
             V v = vexp_shift<LP>(zz, vc);
             st(e + i, v, k);
             if (k < W) v = vload_part(e + i, k, 0.0f);  // padded lanes must not count
@@ -126,12 +119,16 @@ struct ExpSteps {
 // does. ab_builds.py --copies 2 --rounds 9 --out-offset 0 against softmax_row's loop, 8192 x
 // 4096, Zen 4: fp32 softmax 1.10-1.20x (eight runs), TE's plain scaled softmax 1.10-1.21x,
 // the unchanged bf16 rows beside them 0.97-1.09x (one run 1.16-1.27x): ~5-12 % net; TE's
-// masked form 1.08 / 1.14x against the build that pipelined only the other two. Only
+// masked form 1.08 / 1.14x against the build that pipelined only the other two; TE's causal
+// rows (len < n, zeros after) 1.27 / 1.23x against the build that pipelined only full rows
+// (2026-12-06, the plain and facade rows beside them 0.97-1.00x). Only
 // AVX-512 fp32 rows on 64-byte lines (softmax_lines): with np.empty's placement (16 past a
 // line) the same loop ran fp32 0.81-0.95x, fp16 / bf16 0.58-0.72x off a line and 0.89-0.95x on
 // one, the AVX2 variant's fp32 0.94-0.99x (CONTRIBUTING "Softmax rows pipelined").
-// zrow(r) gives row r's logits (Logits, MaskedLogits) and whether the row is empty (TE's rows
-// whose every element is masked: zeros). scratch: softmax_scratch(n) floats.
+// zrow(r) gives row r's logits (Logits, MaskedLogits) and its length len in [0, n]: the
+// softmax of its first len logits, zeros after (TE's causal rows: len = its limit + 1); len 0
+// is an empty row (every element masked, or a causal limit below 0: zeros). Only the len
+// logits of a row are read and prefetched. scratch: softmax_scratch(n) floats.
 template <class T, class ZRow>
 void softmax_rows_pipelined(const T* x, T* y, int64_t rows, int64_t n, const ZRow& zrow, float* scratch, bool nt) {
     constexpr bool LP = sizeof(T) == 2;
@@ -139,49 +136,53 @@ void softmax_rows_pipelined(const T* x, T* y, int64_t rows, int64_t n, const ZRo
     using Steps = ExpSteps<LP, Z, T>;
     float* ea = scratch;                          // row r's e
     float* eb = scratch + softmax_row_floats(n);  // row r + 1's, during row r's write
-    bool empty = true;
+    using Row = std::pair<Z, int64_t>;
+    const auto row_at = [&](int64_t r) { return r < rows ? Row(zrow(r)) : Row(Z{}, 0); };  // once per row
+    int64_t len = 0;
     float c = 0.0f;
     Steps cur;
     if (rows > 0) {
-        const auto [z0, e0] = zrow(0);
-        empty = e0;
-        if (!empty) {
-            c = head_max(x, n, z0);
-            cur = Steps(x, ea, n, c, z0);
+        const auto [z0, l0] = zrow(0);
+        len = l0;
+        if (len > 0) {
+            c = head_max(x, len, z0);
+            cur = Steps(x, ea, len, c, z0);
             cur.finish();
         }
     }
+    Row row1 = row_at(1);
     for (int64_t r = 0; r < rows; ++r) {
         const T* xr = x + r * n;
-        if (!empty && !(cur.max() - c <= SHIFT_MAX)) {  // far above the shift, Inf or NaN: shift by the row's max
+        if (len > 0 && !(cur.max() - c <= SHIFT_MAX)) {  // far above the shift, Inf or NaN: shift by the row's max
             c = cur.max();
-            cur = Steps(xr, ea, n, c, cur.z);
+            cur = Steps(xr, ea, len, c, cur.z);
             cur.finish();
         }
-        const V inv = vset(empty ? 0.0f : (float)(1.0 / cur.sum));
-        bool empty1 = true;
+        const V inv = vset(len == 0 ? 0.0f : (float)(1.0 / cur.sum));
+        const int64_t len1 = row1.second;
         float c1 = 0.0f;
         Steps next;
-        if (r + 1 < rows) {
-            const auto [z1, e1] = zrow(r + 1);
-            empty1 = e1;
-            if (!empty1) {
-                c1 = head_max(xr + n, n, z1);
-                next = Steps(xr + n, eb, n, c1, z1);
-            }
+        if (len1 > 0) {
+            c1 = head_max(xr + n, len1, row1.first);
+            next = Steps(xr + n, eb, len1, c1, row1.first);
         }
+        const Row row2 = row_at(r + 2);  // its len logits prefetched during this write
+        const Prefetch pf = row2.second > 0 ? Prefetch(xr + 2 * n, row2.second * (int64_t)sizeof(T), n / (2 * W)) : Prefetch();
         const float* er = ea;
         T* yr = y + r * n;
-        const StepWith<Steps> sw{next_row(xr + n, n, r + 2 < rows, n), next};
-        if (empty)
+        const StepWith<Steps> sw{pf, next};
+        if (len == 0)
             cur = write_row(yr, n, nt, [&](int64_t) { return vset(0.0f); }, [&](int64_t, int64_t) { return vset(0.0f); }, sw).s;
-        else
+        else if (len == n)
             cur = write_row(
                       yr, n, nt, [&](int64_t j) { return vload(er + j) * inv; },
                       [&](int64_t j, int64_t k) { return vload_part(er + j, k, 0.f) * inv; }, sw)
                       .s;
+        else
+            cur = write_causal(yr, n, len, er, inv, nt, sw).s;
         c = c1;
-        empty = empty1;
+        len = len1;
+        row1 = row2;
         std::swap(ea, eb);
     }
 }

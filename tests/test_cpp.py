@@ -573,8 +573,8 @@ def _line_aligned(shape, dtype, off=0):
 
 
 @pytest.mark.parametrize("n", [16, 48, 1040, 2064, 4096])
-@pytest.mark.parametrize("scale,masked", [(None, False), (0.3, False), (0.3, True)],
-                         ids=["softmax", "tex_scaled", "tex_masked"])
+@pytest.mark.parametrize("scale,masked", [(None, False), (0.3, False), (0.3, True), (0.3, "causal")],
+                         ids=["softmax", "tex_scaled", "tex_masked", "tex_causal"])
 def test_softmax_pipelined_rows_match_rows_alone(C, n, scale, masked):
     """fp32 softmax (and TE's plain scaled softmax) with x and y on line boundaries takes row
     r+1's exp pass inside row r's write (softmax.cpp softmax_rows_pipelined, ExpSteps; a second
@@ -582,13 +582,25 @@ def test_softmax_pipelined_rows_match_rows_alone(C, n, scale, masked):
     takes) gives, streaming stores forced and not, y off a line (the unpipelined form again), in
     place; rows that run their exp pass twice (a max far above the first 256 logits, +Inf, NaN)
     between pipelined ones, widths that end 1024-element blocks mid-pair, and an all -Inf row
-    (NaN, as the float64 formula); TE's masked form with a fully masked row (zeros) between."""
+    (NaN, as the float64 formula); TE's masked form with a fully masked row (zeros) between;
+    TE's causal form (row r: its first r + off + 1 logits, zeros after) over an offset that
+    gives rows of no column (zeros), of one, of lengths ending mid-vector and of the whole row."""
     mask = np.random.default_rng(n).random((9, n)) < 0.3
     mask[6] = True                   # every element masked: zeros
     mask[8] = False
     mask[2, -1] = mask[3, n // 2] = mask[4, 1] = False   # the 60, +Inf and NaN count
     mask = mask.astype(np.uint8)
-    if masked:
+    # causal: 9 rows of one sequence, row r's columns j <= r + coff: narrow widths from two empty
+    # rows (zeros) up, wide ones from rows ending mid-vector (n - 6 ..) to whole rows (the last 3)
+    coff = -2 if n < 64 else n - 7
+    lens = np.clip(np.arange(9) + coff + 1, 0, n)
+    if masked == "causal":
+        def call(a, out=None, rows=slice(None)):
+            out = np.empty_like(a) if out is None else out
+            r0 = range(9)[rows][0]   # row r alone: the first of its call, limit r0 + coff
+            C.tex_softmax(a, out, scale, 2, None, 1, len(a), r0 + coff)
+            return out
+    elif masked:
         def call(a, out=None, rows=slice(None)):
             out = np.empty_like(a) if out is None else out
             m = np.ascontiguousarray(mask[rows])
@@ -604,7 +616,7 @@ def test_softmax_pipelined_rows_match_rows_alone(C, n, scale, masked):
             return out
     rng = np.random.default_rng(11)
     v = rng.standard_normal((9, n)) * 4
-    v[2, -1] = 60.0                  # the max far above the head's shift: the exp pass again
+    v[2, -1 if masked != "causal" else lens[2] - 1] = 60.0   # far above the head's shift: the exp pass again
     v[3, n // 2] = np.inf            # NaN row
     v[4, 1] = np.nan                 # NaN row
     v[5] -= 1e4                      # far below zero, e^(x - c) still well scaled
@@ -617,14 +629,25 @@ def test_softmax_pipelined_rows_match_rows_alone(C, n, scale, masked):
     alone = [call(x[i:i + 1], rows=slice(i, i + 1)) if masked else call(x[i:i + 1]) for i in range(len(x))]
     np.testing.assert_array_equal(np.concatenate(alone), want)
     z = (x * np.float32(scale or 1.0)).astype(np.float64)   # the logits as fp32 products, as TE's
-    if masked:
-        z[mask.astype(bool)] = -10000.0
-    ok = np.r_[0:3, 5, 8] if masked else np.r_[0:3, 5, 6, 8]
-    with np.errstate(all="ignore"):
-        check(want[ok], ref.softmax(z[ok]), "float32")
-    if masked:
-        assert not want[6].any()
-    assert np.isnan(want[[3, 4] if masked else [3, 4, 7]]).all()
+    if masked == "causal":
+        for r, ln in enumerate(lens):
+            assert not want[r, ln:].any()
+            if ln:
+                with np.errstate(all="ignore"):
+                    exp = ref.softmax(z[r:r + 1, :ln])
+                if np.isnan(exp).any():
+                    assert np.isnan(want[r, :ln]).all(), r
+                else:
+                    check(want[r:r + 1, :ln], exp, "float32")
+    else:
+        if masked:
+            z[mask.astype(bool)] = -10000.0
+        ok = np.r_[0:3, 5, 8] if masked else np.r_[0:3, 5, 6, 8]
+        with np.errstate(all="ignore"):
+            check(want[ok], ref.softmax(z[ok]), "float32")
+        if masked:
+            assert not want[6].any()
+        assert np.isnan(want[[3, 4] if masked else [3, 4, 7]]).all()
     old = C.build_info()["nontemporal_threshold_bytes"]
     try:
         for threshold in (0, old):
