@@ -583,7 +583,7 @@ def test_softmax_pipelined_rows_match_rows_alone(C, n, scale, masked):
     place; rows that run their exp pass twice (a max far above the first 256 logits, +Inf, NaN)
     between pipelined ones, widths that end 1024-element blocks mid-pair, and an all -Inf row
     (NaN, as the float64 formula); TE's masked form with a fully masked row (zeros) between;
-    TE's causal form (row r: its first r + off + 1 logits, zeros after) over an offset that
+    TE's causal form (row r: its first r + coff + 1 logits, zeros after) over an offset that
     gives rows of no column (zeros), of one, of lengths ending mid-vector and of the whole row."""
     mask = np.random.default_rng(n).random((9, n)) < 0.3
     mask[6] = True                   # every element masked: zeros
