@@ -26,7 +26,7 @@ template <class T, int OP, bool ON>
 void unary_body(const void* xv, void* yv, int64_t count, bool nt) {
     const T* x = (const T*)xv;
     T* y = (T*)yv;
-    const auto f = of_codes<T, ON>([](V v) { return act<OP, low_prec<T>()>(v); });
+    const auto f = of_codes<T, ON, true>([](V v) { return act<OP, low_prec<T>()>(v); });
     const auto full = [&](int64_t i) { return f.full(x + i); };
     const auto part = [&](int64_t i, int64_t k) { return f.part(x + i, k); };
     // rowio.h nan_free: silu's and tanh-GELU's x / (1 + e), exact GELU's x * Phi (not exp's or

@@ -174,13 +174,15 @@ inline void vlut2_part(const float* t, const T* p, int64_t k, V& f, V& g) {
 // f(x) for a kernel's operand x of type T, x given by its address: read from f's table when ON
 // (use_lut16<T>() by default, bf16 only; a dear f passes use_lut16<T>(true), fp16 too on AVX2;
 // a kernel whose f is cheaper than the lookup passes false), else computed as before. full: W
-// lanes at p; part: lanes [0, k), the rest f(+0.0).
-template <class T, class F, bool ON>
+// lanes at p; part: lanes [0, k), the rest f(+0.0). PW: full's computed x widened by
+// vload_permw (simd.h; the forward activations, where it was measured faster).
+template <class T, class F, bool ON, bool PW>
 struct OfCodes {
     F f;
     const float* t;
     inline V full(const T* p) const {
         if constexpr (ON) return vlut(t, p);
+        else if constexpr (PW) return f(vload_permw(p));
         else return f(vload(p));
     }
     inline V part(const T* p, int64_t k) const {
@@ -188,8 +190,8 @@ struct OfCodes {
         else return f(vload_part(p, k, 0.f));
     }
 };
-template <class T, bool ON = use_lut16<T>(), class F>
-inline OfCodes<T, F, ON> of_codes(const F& f) {
+template <class T, bool ON = use_lut16<T>(), bool PW = false, class F>
+inline OfCodes<T, F, ON, PW> of_codes(const F& f) {
     if constexpr (ON) return {f, lut16<T>(f)};
     else return {f, nullptr};
 }

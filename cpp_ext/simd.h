@@ -351,6 +351,23 @@ inline V vload(const bf16hi* p) {
     return {_mm512_castsi512_ps(_mm512_and_si512(_mm512_loadu_si512(p), _mm512_set1_epi32((int)0xffff0000u)))};
 }
 #if defined(TO_AVX512_BF16)
+// vload_permw: vload, with a bf16 vector widened by one zero-masked vpermw (code i into word
+// 2i + 1, the high half of lane i; word 2i zeroed) instead of vpmovzxwd + vpslld: bitwise the
+// same value in one shuffle. Not vload itself: on a Zen 4, every load widened so gave layer_norm
+// 0.88x and the norm backwards 0.97-0.98x (loops bound by the shuffle pipe already). Kernels opt
+// in where it was measured faster: the forward unary activations (lut16.h OfCodes' PW: silu
+// 1.07-1.09x, tanh-GELU 1.05x, exact GELU 0.98-1.02x) and the softmax forwards' logits (the
+// facade's 1.04-1.09x, TE's 1.07-1.09x, masked 1.02-1.04x, causal 1.03x); rms_norm, swiglu's
+// gate and the softmax backward measured 0.98-1.03x and keep vload (CONTRIBUTING "bf16 widened
+// by vpermw"). The AVX512_BF16 variant only: measured there; a Skylake-X vpermw is two uops.
+inline V vload_permw(const bf16* p) {
+    const __m512i idx = _mm512_set_epi32(0xf000f, 0xe000e, 0xd000d, 0xc000c, 0xb000b, 0xa000a, 0x90009, 0x80008,
+                                         0x70007, 0x60006, 0x50005, 0x40004, 0x30003, 0x20002, 0x10001, 0);
+    const __m512i h = _mm512_castsi256_si512(_mm256_loadu_si256((const __m256i*)p));
+    return {_mm512_castsi512_ps(_mm512_maskz_permutexvar_epi16((__mmask32)0xAAAAAAAAu, idx, h))};
+}
+#endif
+#if defined(TO_AVX512_BF16)
 inline __m256i bf16_pack(V v) { return (__m256i)_mm512_cvtneps_pbh(v.v); }
 #else
 // v rounded to nearest-even in the high half of each word (NaN: quieted, not rounded into Inf).
@@ -388,6 +405,10 @@ inline void vstream(float* p, V v) { _mm512_stream_ps(p, v.v); }
 inline void stream_fence() { _mm_sfence(); }
 inline V vswap_pairs(V a) { return {_mm512_permute_ps(a.v, 0xB1)}; }
 #endif
+
+// vload_permw's other types and variants: vload (the AVX512_BF16 variant's bf16 one is above).
+template <class T>
+inline V vload_permw(const T* p) { return vload(p); }
 
 // Every variant's 16-bit stores: the conversion (vpack16), then the bits' store.
 inline void vstore(f16* p, V v) { vstore(p, vpack16(p, v)); }

@@ -222,7 +222,7 @@ void softmax_k(const void* xv, void* yv, int64_t rows, int64_t n, float* scratch
             const T* xr = x + r * n;
             softmax_row<false>(
                 y + r * n, n, n, scratch, nt, next_row(xr, n, r + 1 < rows, 2 * n),
-                [&](int64_t i) { return vload(xr + i); }, [&](int64_t i, int64_t k) { return vload_part(xr + i, k, 0.f); });
+                [&](int64_t i) { return vload_permw(xr + i); }, [&](int64_t i, int64_t k) { return vload_part(xr + i, k, 0.f); });
         }
     }
     if (nt) stream_fence();

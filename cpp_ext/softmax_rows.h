@@ -15,7 +15,7 @@ struct Logits {
     Logits() = default;
     explicit Logits(float scale) : vs(vset(scale)) {}
     template <class T>
-    inline V full(const T* x, int64_t i) const { return f(vload(x + i)); }
+    inline V full(const T* x, int64_t i) const { return f(vload_permw(x + i)); }  // simd.h vload_permw
     template <class T>
     inline V part(const T* x, int64_t i, int64_t k) const { return f(vload_part(x + i, k, 0.f)); }
     inline V f(V v) const {
@@ -30,7 +30,7 @@ struct MaskedLogits {
     const uint8_t* mr = nullptr;
     template <class T>
     inline V full(const T* x, int64_t i) const {
-        return vsel(vmask_u8(mr + i), vset(-10000.0f), vopaque(vload(x + i) * vs));
+        return vsel(vmask_u8(mr + i), vset(-10000.0f), vopaque(vload_permw(x + i) * vs));
     }
     template <class T>
     inline V part(const T* x, int64_t i, int64_t k) const {
