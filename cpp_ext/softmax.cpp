@@ -297,42 +297,59 @@ void tsoftmax_k(const void* xv, void* yv, int64_t rows, int64_t n, float scale, 
     if (nt) stream_fence();
 }
 
-// dx = scale * y * (dy - sum(dy * y)) per row: the dot from memory, then the write from cache
-// while the next row's dy and y are prefetched, W elements of each per vector written. (A
-// Prefetch of each row stepped by write_row, a line of each per step, measured the same:
-// 1.00x fp32 and bf16 with torch's placement, 0.97-1.00x with NumPy's - ab_builds.py --ops
-// tex_softmax_bwd --copies 3 [--out-offset 0]; its earlier 0.68x was the placement trap,
-// CONTRIBUTING "Placement".)
+// sum(a * b) over a row of n, stepped (StepWith) so that row r's write pass carries row r+1's
+// dot, as the norms carry the next row's statistics: two fp32 accumulators, two vectors of
+// each operand per step, the tail in finish(): one order of additions whoever steps it.
+template <class T>
+struct RowDot {
+    const T* a = nullptr;
+    const T* b = nullptr;
+    int64_t n = 0, i = 0;
+    V acc0 = vset(0.0f), acc1 = vset(0.0f);
+    inline void operator()() {
+        if (i + 2 * W <= n) {
+            acc0 = vfma(vload(a + i), vload(b + i), acc0);
+            acc1 = vfma(vload(a + i + W), vload(b + i + W), acc1);
+            i += 2 * W;
+        }
+    }
+    inline void finish() {
+        while (i + 2 * W <= n) (*this)();
+        for (; i < n; i += W) {
+            const int64_t k = n - i < W ? n - i : W;
+            acc0 = vfma(ld(a + i, k), ld(b + i, k), acc0);
+        }
+    }
+    inline float dot() const { return hsum(acc0 + acc1); }
+};
+
+// dx = scale * y * (dy - sum(dy * y)) per row, rows pipelined: row r's write pass (dy and y
+// from cache) also takes row r+1's dot from memory (RowDot) while row r+2's dy and y are
+// prefetched, so each row is read from memory once, in a pass that also writes (the first
+// row's dot is taken on its own). dx may be dy or y: row r+1 is read before it is written.
+// The unpipelined form (the dot pass from memory, then the write from cache with the next
+// row prefetched) and its placement history: CONTRIBUTING "Placement", "Softmax backward
+// pipelined".
 template <class T>
 void tsoftmax_bwd_k(const void* dyv, const void* yv, void* dxv, int64_t rows, int64_t n, float scale, bool nt) {
     const T* dy = (const T*)dyv;
     const T* y = (const T*)yv;
     T* dx = (T*)dxv;
     const V sc = vset(scale);
+    RowDot<T> d{dy, y, rows > 0 ? n : 0};
+    d.finish();
     for (int64_t r = 0; r < rows; ++r) {
         const T* a = dy + r * n;
         const T* b = y + r * n;
-        V acc0 = vset(0.0f), acc1 = vset(0.0f);
-        int64_t i = 0;
-        for (; i + 2 * W <= n; i += 2 * W) {
-            acc0 = vfma(vload(a + i), vload(b + i), acc0);
-            acc1 = vfma(vload(a + i + W), vload(b + i + W), acc1);
-        }
-        for (; i < n; i += W) {
-            const int64_t k = n - i < W ? n - i : W;
-            acc0 = vfma(ld(a + i, k), ld(b + i, k), acc0);
-        }
-        const V dot = vset(hsum(acc0 + acc1));
-        const char* pa = (const char*)(r + 1 < rows ? a + n : a);
-        const char* pb = (const char*)(r + 1 < rows ? b + n : b);
-        write_row(
-            dx + r * n, n, nt,
-            [&](int64_t j) {
-                prefetch_l2(pa + j * (int64_t)sizeof(T), W * (int)sizeof(T));
-                prefetch_l2(pb + j * (int64_t)sizeof(T), W * (int)sizeof(T));
-                return sc * vload(b + j) * (vload(a + j) - dot);
-            },
-            [&](int64_t j, int64_t k) { return sc * vload_part(b + j, k, 0.f) * (vload_part(a + j, k, 0.f) - dot); });
+        const V dot = vset(d.dot());
+        const bool more = r + 1 < rows, more2 = r + 2 < rows;
+        const StepWith<RowDot<T>, Prefetch2> pf{Prefetch2(next_row(a + n, n, more2, n), next_row(b + n, n, more2, n)),
+                                                RowDot<T>{a + n, b + n, more ? n : 0}};
+        d = write_row(
+                dx + r * n, n, nt, [&](int64_t j) { return sc * vload(b + j) * (vload(a + j) - dot); },
+                [&](int64_t j, int64_t k) { return sc * vload_part(b + j, k, 0.f) * (vload_part(a + j, k, 0.f) - dot); },
+                pf)
+                .s;
     }
     if (nt) stream_fence();
 }

@@ -691,6 +691,52 @@ def test_fused_adds_pipelined_match_rows_alone(C, dt, n, layer):
     _check_fused_add_placements(C, call, x, r, want_y, want_s, [(0, 0), (1, 1), (8, 8), (16, 16), (3, 0)])
 
 
+
+@pytest.mark.parametrize("dt", DTYPES)
+@pytest.mark.parametrize("n", [1, 17, 33, 1040, 4099])
+def test_softmax_bwd_pipelined_rows_match_rows_alone(C, dt, n):
+    """TE's softmax backward takes row r+1's dot inside row r's write (softmax.cpp RowDot): every
+    row bitwise what the row passed alone gives (its dot taken on its own), streaming stores
+    forced and not, out at four placements, in place on dy and on y (row r+1 read before it is
+    written), with a NaN row and an Inf row between; the finite rows against the float64
+    formula dx = scale * y * (dy - sum(dy * y))."""
+    rng = np.random.default_rng(n)
+    yv = rng.random((7, n)) / n
+    dv = rng.standard_normal((7, n))
+    dv[2, n // 2] = np.nan
+    dv[4, 0] = np.inf
+    y, y64, kw = as_dtype(yv, dt)
+    dy, d64, _ = as_dtype(dv, dt)
+
+    def call(a, b, out=None):
+        out = np.empty_like(a) if out is None else out
+        C.tex_softmax_bwd(a, b, out, 0.5, **kw)
+        return out
+
+    want = np.concatenate([call(dy[i:i + 1], y[i:i + 1]) for i in range(len(dy))])
+    ok = [0, 1, 3, 5, 6]
+    with np.errstate(invalid="ignore"):   # the Inf row's inf - inf
+        exp = 0.5 * y64 * (d64 - (d64 * y64).sum(axis=1, keepdims=True))
+    tol = {"float32": 1e-5, "float16": 2e-3, "bfloat16": 1.6e-2}[dt]
+    np.testing.assert_allclose(value(want, dt)[ok], exp[ok], rtol=tol, atol=tol * np.abs(exp[ok]).max())
+    assert np.isnan(value(want, dt)[2]).all()
+    old = C.build_info()["nontemporal_threshold_bytes"]
+    try:
+        for threshold in (0, old):
+            C._set_tuning(-1, threshold)
+            for off in (0, 1, 8, 16):
+                out = _line_aligned(dy.shape, dy.dtype, off)
+                assert call(dy, y, out) is out
+                np.testing.assert_array_equal(out, want, err_msg=f"out at +{off}, threshold {threshold}")
+            a, b = dy.copy(), y.copy()
+            call(a, b, a)
+            np.testing.assert_array_equal(a, want)
+            a, b = dy.copy(), y.copy()
+            call(a, b, b)
+            np.testing.assert_array_equal(b, want)
+    finally:
+        C._set_tuning(-1, old)
+
 def test_empty_inputs_return_at_once(C):
     for shape in [(0, 8), (3, 0), (0,)]:
         x = np.empty(shape, np.float32)
