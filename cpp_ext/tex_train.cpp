@@ -151,17 +151,12 @@ void dact_k(const void* gv, const void* xv, void* yv, int64_t rows, int64_t n, f
             const T* gr = g + r * n;
             const T* xr = x + r * n;
             // write_row visits each index once (aligned body, partial head/tail): the column sums
-            // are added as the values are produced. The next row's g and x are prefetched
-            // (Prefetch2) during this row's write: with torch's placement (every array 64-byte
-            // aligned) fp32 1.18-1.21x, bf16 1.05-1.15x, fp16 1.03-1.04x on a Zen 4; at
-            // np.empty's (16 bytes past a line) fp32 0.92-0.94x, bf16 1.07-1.10x. TE calls this
-            // with torch's tensors (CONTRIBUTING "dbias rows prefetched").
+            // are added as the values are produced
             write_row(
                 y + r * n, n, nt, [&](int64_t i) { return stored_summed<T>(vload(gr + i) * d.full(xr + i), acc + i); },
                 [&](int64_t i, int64_t k) {
                     return stored_summed<T>(vload_part(gr + i, k, 0.f) * d.part(xr + i, k), acc + i, k);
-                },
-                Prefetch2(next_row(gr, n, r + 1 < rows, n), next_row(xr, n, r + 1 < rows, n)));
+                });
         }
     }
     if (nt) stream_fence();
