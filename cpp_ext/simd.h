@@ -366,8 +366,6 @@ inline V vload_permw(const bf16* p) {
     const __m512i h = _mm512_castsi256_si512(_mm256_loadu_si256((const __m256i*)p));
     return {_mm512_castsi512_ps(_mm512_maskz_permutexvar_epi16((__mmask32)0xAAAAAAAAu, idx, h))};
 }
-#endif
-#if defined(TO_AVX512_BF16)
 inline __m256i bf16_pack(V v) { return (__m256i)_mm512_cvtneps_pbh(v.v); }
 #else
 // v rounded to nearest-even in the high half of each word (NaN: quieted, not rounded into Inf).

@@ -691,7 +691,6 @@ def test_fused_adds_pipelined_match_rows_alone(C, dt, n, layer):
     _check_fused_add_placements(C, call, x, r, want_y, want_s, [(0, 0), (1, 1), (8, 8), (16, 16), (3, 0)])
 
 
-
 @pytest.mark.parametrize("dt", DTYPES)
 @pytest.mark.parametrize("n", [1, 17, 33, 1040, 4099])
 def test_softmax_bwd_pipelined_rows_match_rows_alone(C, dt, n):
@@ -736,6 +735,7 @@ def test_softmax_bwd_pipelined_rows_match_rows_alone(C, dt, n):
             np.testing.assert_array_equal(b, want)
     finally:
         C._set_tuning(-1, old)
+
 
 def test_empty_inputs_return_at_once(C):
     for shape in [(0, 8), (3, 0), (0,)]:
