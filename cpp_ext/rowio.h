@@ -176,13 +176,17 @@ template <class T, class Full, class Part, class PF = Prefetch>
 __attribute__((flatten)) inline PF write_row(T* y, int64_t n, bool nt, const Full& full, const Part& part,
                                              PF pf = PF()) {
     int64_t i = 0;
+    // A partial head until y is on a vector boundary: streaming stores need it; cached ones
+    // (rows of >= 8 vectors) split no line then, where a 32-byte store 16 bytes past a line
+    // (np.empty's, malloc's placement) splits every other one.
+    const uintptr_t A = (uintptr_t)W * sizeof(T), mis = (uintptr_t)y % A;
+    if (W > 1 && mis && (nt || (n >= 8 * W && mis % sizeof(T) == 0))) {
+        i = (int64_t)((A - mis) / sizeof(T));
+        if (i > n) i = n;
+        vstore_part(y, part(0, i), i);
+    }
     if (nt && W > 1) {
-        const uintptr_t A = (uintptr_t)W * sizeof(T);
-        uintptr_t mis = (uintptr_t)y % A;
-        int64_t head = mis ? (int64_t)((A - mis) / sizeof(T)) : 0;
-        if (head > n) head = n;
-        if (head) vstore_part(y, part(0, head), head);
-        i = head;
+        const int64_t head = i;
         // The partial vector at the end is a cached store into a line the next row's head
         // shares, so its read for ownership goes to memory; prefetchw now, and the line
         // arrives while the body streams. fp32 softmax into np.empty's out= (16 bytes off a
