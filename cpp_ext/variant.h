@@ -77,8 +77,8 @@ inline void with_flag(bool b, F&& f) {
 // vectors a step: summed alone (finish(): the first row of a call, every row of a one-row
 // call), two chains were latency-bound in cache, 16 values per FMA latency (4 cycles on Zen 3).
 // Carried, the step's four vectors keep the sum half a write pass ahead of the one it rides on.
-// (1, 4096) fp32 rms_norm 1.14-1.26x, 16-bit norms at 8192 x 4096 1.06-1.24x, fp32 there
-// 0.94-1.04x (CONTRIBUTING "A row's statistics in four chains").
+// (1, 4096) fp32 rms_norm 1.14-1.26x; at 8192 x 4096 the 16-bit norms 1.06-1.24x but bf16
+// layer_norm 0.96-0.99x, fp32 0.94-1.04x (CONTRIBUTING "A row's statistics in four chains").
 template <class Src, bool SQ, bool BOTH = false>
 struct BlockSum {
     Src src;  // full(i): lanes [i, i+W); part(i, k): k of them, the rest 0
