@@ -68,15 +68,14 @@ inline void with_flag(bool b, F&& f) {
 // inner loop stays pure SIMD. Src gives the row's vectors (RowSrc below: a row in memory;
 // norm.cpp AddSrc: x + residual, stored as it goes; ShiftSrc: x - c). Taken a step at a time
 // so that another loop can carry it: the norms sum row r+1 inside row r's write pass
-// (norm.cpp). A step adds four vectors of the current block, or closes the block (its tail,
-// its lanes into the double totals); finish() takes what the steps left.
-// The additions happen in one order whoever steps it, so row r+1's statistics, and its
-// output, are bitwise the same whether they rode on row r's write (at any output placement)
-// or were summed on their own.
-// Four accumulators (four more for the squares), vector j of a block into a[j % 4], four
-// vectors a step: summed alone (finish(): the first row of a call, every row of a one-row
-// call), two chains were latency-bound in cache, 16 values per FMA latency (4 cycles on Zen 3).
-// Carried, the step's four vectors keep the sum half a write pass ahead of the one it rides on.
+// (norm.cpp). A step adds four vectors of the current block, vector j into a[j % 4] (q[j % 4]
+// for the squares), or closes the block (its tail, its lanes into the double totals);
+// finish() takes what the steps left. The additions happen in one order whoever steps it, so
+// row r+1's statistics, and its output, are bitwise the same whether they rode on row r's
+// write (at any output placement) or were summed on their own. Four chains, not two: summed
+// alone (finish(): the first row of a call, every row of a one-row call) two were
+// latency-bound in cache, 16 values per FMA latency (4 cycles on Zen 3); carried, the sum now
+// runs half a write pass ahead of the write it rides on.
 // (1, 4096) fp32 rms_norm 1.14-1.26x; at 8192 x 4096 the 16-bit norms 1.06-1.24x but bf16
 // layer_norm 0.96-0.99x, fp32 0.94-1.04x (CONTRIBUTING "A row's statistics in four chains").
 template <class Src, bool SQ, bool BOTH = false>
