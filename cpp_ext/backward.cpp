@@ -139,6 +139,18 @@ void glu2_k(const void* av, const void* bv, void* yv, int64_t rows, int64_t h, i
     glu2_body<T, ACT, use_lut16<T>(act_dear<ACT>())>(av, bv, yv, rows, h, sa, sb, sy, nt);
 }
 
+// A gated derivative's output vector: its bits where AVX2 rounds bf16 without the NaN case
+// (rowio.h nan_free: da and db are products of widened operands and values computed from
+// them, so every NaN has a zero low half), else v; stored by vstore / vstream either way.
+template <class T>
+inline auto gated_out(V v) {
+#if TO_ISA == 1
+    if constexpr (std::is_same_v<T, bf16>) return vpack16_num((const bf16*)nullptr, v);
+    else
+#endif
+        return v;
+}
+
 // The gated derivative, row-strided (strides in elements): da = dy * b * act'(a), db = dy * act(a).
 // Streaming stores on AVX2 go out a 64-byte line of da, then a line of db (LINE_V vectors each,
 // rowio.h line_vectors, computed first), from da's first line boundary on. Vector by vector,
@@ -152,6 +164,11 @@ void glu2_k(const void* av, const void* bv, void* yv, int64_t rows, int64_t h, i
 // AVX-512 builds keep the alternating form: the line-at-a-time one (two 16-bit vectors per
 // line) ran 0.88-0.93x in bf16 / fp16 on a Zen 5 (the same ab_builds.py ops, --copies 2
 // --rounds 9, np.empty's placement; fp32, a vector per line, the same code: 1.02-1.05x).
+// Where act(a) and act'(a) come from a table (ON), those lines go out by cached stores: the
+// table's scattered loads beside streaming stores ran TE's bf16 dswiglu / dgeglu at 1.7x their
+// cached-store time per element in L2 on a Zen 3 (`_set_tuning(nontemporal_threshold_bytes=0)`,
+// 64 rows, one thread), where fp16 (computed) ran at 1.1x (CONTRIBUTING "Gated derivatives
+// from a table: cached lines").
 template <class T, int ACT, bool ON>
 void gated_bwd_body(const void* dyv, const void* av, const void* bv, void* dav, void* dbv, int64_t rows, int64_t h,
                     int64_t sdy, int64_t sa, int64_t sb, int64_t sda, int64_t sdb, bool nt) {
@@ -162,6 +179,12 @@ void gated_bwd_body(const void* dyv, const void* av, const void* bv, void* dav, 
     T* DB = (T*)dbv;
     constexpr int LINE_V = line_vectors<T>();
     const ActDf<T, ACT, ON> fdf;
+    const auto put = [](T* p, V v, bool stream) {
+        if (stream)
+            vstream(p, gated_out<T>(v));
+        else
+            vstore(p, gated_out<T>(v));
+    };
     for (int64_t r = 0; r < rows; ++r) {
         const T* g = DY + r * sdy;
         const T* a = A + r * sa;
@@ -171,6 +194,7 @@ void gated_bwd_body(const void* dyv, const void* av, const void* bv, void* dav, 
         // Two outputs per element: streaming stores only when both rows start on a vector
         // boundary (the common case: contiguous outputs whose h is a multiple of W).
         const bool st_nt = nt && W > 1 && stream_aligned(da) && stream_aligned(db);
+        const bool nt_out = st_nt && !ON;  // a table read: cached stores (see above)
         int64_t i = 0;
         if (st_nt && TO_ISA < 2) {
             // AVX2: each output's streaming stores a whole line at a time (the loop's vectors
@@ -179,8 +203,8 @@ void gated_bwd_body(const void* dyv, const void* av, const void* bv, void* dav, 
                 V f, df;
                 fdf.full(a + i, f, df);
                 const V vg = vload(g + i);
-                vstream(da + i, vg * vload(b + i) * df);
-                vstream(db + i, vg * f);
+                put(da + i, vg * vload(b + i) * df, !ON);
+                put(db + i, vg * f, !ON);
             }
             for (; i + LINE_V * W <= h; i += LINE_V * W) {
                 V vda[LINE_V], vdb[LINE_V];
@@ -191,22 +215,16 @@ void gated_bwd_body(const void* dyv, const void* av, const void* bv, void* dav, 
                     vda[q] = vg * vload(b + i + q * W) * df;
                     vdb[q] = vg * f;
                 }
-                for (int q = 0; q < LINE_V; ++q) vstream(da + i + q * W, vda[q]);
-                for (int q = 0; q < LINE_V; ++q) vstream(db + i + q * W, vdb[q]);
+                for (int q = 0; q < LINE_V; ++q) put(da + i + q * W, vda[q], !ON);
+                for (int q = 0; q < LINE_V; ++q) put(db + i + q * W, vdb[q], !ON);
             }
         }
         for (; i + W <= h; i += W) {
             V f, df;
             fdf.full(a + i, f, df);
             const V vg = vload(g + i);
-            const V vda = vg * vload(b + i) * df, vdb = vg * f;
-            if (st_nt) {
-                vstream(da + i, vda);
-                vstream(db + i, vdb);
-            } else {
-                vstore(da + i, vda);
-                vstore(db + i, vdb);
-            }
+            put(da + i, vg * vload(b + i) * df, nt_out);
+            put(db + i, vg * f, nt_out);
         }
         if (i < h) {
             const int64_t k = h - i;
