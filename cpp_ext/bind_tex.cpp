@@ -48,33 +48,34 @@ py::tuple norm_bwd(bool layer, const py::object& dz_, const py::object& x_, cons
     // (CONTRIBUTING "The norm backward's 16-bit gamma"). An fp32 gamma is read in place.
     constexpr size_t GP_SKEW = 272;  // 1 KiB + one line
     const bool widen = x.dt != DT_F32;
-    Scratch acc((size_t)groups * nacc * (size_t)n + (widen ? GP_SKEW + (size_t)n : 0) + 1, x.data);
+    const size_t sn = pad_slot(n);  // the slots on dx's phase (runtime.h Scratch)
+    Scratch acc((size_t)groups * nacc * sn + (widen ? GP_SKEW + (size_t)n : 0) + 1, x.data, false, dx.data, es);
     {
         py::gil_scoped_release nogil;
-        std::memset(acc.get(), 0, sizeof(float) * (size_t)groups * nacc * (size_t)n);
+        std::memset(acc.get(), 0, sizeof(float) * (size_t)groups * nacc * sn);
         float* A = acc.get();
         const float* gp = (const float*)g.data;
         if (widen) {
-            float* c = A + (size_t)groups * nacc * n + GP_SKEW;
+            float* c = A + (size_t)groups * nacc * sn + GP_SKEW;
             g_k->to_f32[x.dt](g.data, c, n);
             gp = c;
         }
         if (rows) {
             const float* rsp = (const float*)rs.data;
             parallel_row_groups(rows, nth, [&](int64_t b, int64_t e, int64_t t, int) {  // t: the row group
-                float* dga = A + (size_t)t * nacc * n;
+                float* dga = A + (size_t)t * nacc * sn;
                 if (layer)
                     g_k->layer_norm_bwd[x.dt](dz.data + b * n * es, x.data + b * n * es, mu + b, rsp + b, gp,
-                                              dx.data + b * n * es, dga, dga + n, e - b, n, zc, nt);
+                                              dx.data + b * n * es, dga, dga + sn, e - b, n, zc, nt);
                 else
                     g_k->rms_norm_bwd[x.dt](dz.data + b * n * es, x.data + b * n * es, rsp + b, gp,
                                             dx.data + b * n * es, dga, e - b, n, zc, nt);
             });
         }
         for (int64_t t = 1; t < groups; ++t)  // in group order: the same sums whatever the threads
-            for (int64_t i = 0; i < nacc * n; ++i) A[i] += A[(size_t)t * nacc * n + i];
+            for (size_t i = 0; i < nacc * sn; ++i) A[i] += A[(size_t)t * nacc * sn + i];
         g_k->from_f32[x.dt](A, dg.data, n);
-        if (layer) g_k->from_f32[x.dt](A + n, db.data, n);
+        if (layer) g_k->from_f32[x.dt](A + sn, db.data, n);
     }
     if (layer) return py::make_tuple(rdx, rdg, rdb);
     return py::make_tuple(rdx, rdg);

@@ -197,13 +197,14 @@ void dact(const py::object& g_, const py::object& x_, const py::object& out_, in
         return;
     }
     const int64_t groups = row_groups(rows);
-    Scratch part((size_t)groups * n, x.data, true);
+    const size_t slot = pad_slot(n);
+    Scratch part((size_t)groups * slot, x.data, true, o.data, es);  // on the output's phase (runtime.h)
     parallel_row_groups(rows, threads_for(bytes, groups), [&](int64_t b, int64_t e, int64_t t, int) {  // t: the row group
-        k(g.data + b * n * es, x.data + b * n * es, o.data + b * n * es, e - b, n, part.get() + (size_t)t * n, nt);
+        k(g.data + b * n * es, x.data + b * n * es, o.data + b * n * es, e - b, n, part.get() + (size_t)t * slot, nt);
     });
     for (int64_t i = 0; i < n; ++i) {  // in group order: the same sums whatever the threads
         float s = 0.f;
-        for (int64_t t = 0; t < groups; ++t) s += part[(size_t)t * n + i];
+        for (int64_t t = 0; t < groups; ++t) s += part[(size_t)t * slot + i];
         acc[i] = s;
     }
 }

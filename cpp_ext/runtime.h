@@ -119,13 +119,27 @@ void parallel_flat(int64_t count, int64_t bytes, const F& f) {
 // inputs' offset can stall the inputs' next loads (4 KiB aliasing); at x's own offset the fp32
 // norm backward ran 0.88-0.96x, half a page away 1.05-1.10x with torch's placement.
 // Figures: CONTRIBUTING.md, "Scratch".
+//
+// `beside` (elements of es bytes; nullptr: none): column partials read and written at the index
+// of the output element being written (the bias gradient of the d-activations, the norm
+// backward's dgamma / dbeta) start at float p where beside's element p starts within a 64-byte
+// line (4 p = beside mod 64 for fp32), not on a line: write_row's body runs on the output's vector
+// boundaries, so with an output 16 bytes past a line (np.empty's) every other 32-byte access
+// of line-aligned partials split two lines: fp32 dbias_dgelu / dsilu / drelu 1.18-1.28x,
+// rms_norm_bwd / layer_norm_bwd 1.11-1.19x with the shift (8192 x 4096, two threads, Zen 3;
+// CONTRIBUTING "Partials on the output's phase"). The partials' slots must then be a multiple of
+// 16 floats apart (pad_slot). Not softmax's exp row: its exp pass writes it from index 0, which
+// is line-aligned the other way (0.91-0.93x shifted).
+inline size_t pad_slot(int64_t n) { return (size_t)(n + 15) / 16 * 16; }
 class Scratch {
     std::unique_ptr<char[]> raw_;
     float* p_;
 
 public:
-    Scratch(size_t floats, const void* like, bool zero = false) : raw_(new char[floats * sizeof(float) + 4096]) {
-        const uintptr_t base = (uintptr_t)raw_.get(), want = ((uintptr_t)like + 2048) % 4096 & ~(uintptr_t)63;
+    Scratch(size_t floats, const void* like, bool zero = false, const void* beside = nullptr, int es = 4)
+        : raw_(new char[floats * sizeof(float) + 4096]) {
+        const uintptr_t phase = beside ? 4 * ((uintptr_t)beside / (uintptr_t)es % 16) : 0;
+        const uintptr_t base = (uintptr_t)raw_.get(), want = (((uintptr_t)like + 2048) % 4096 & ~(uintptr_t)63) + phase;
         p_ = (float*)(base + (want - base % 4096 + 4096) % 4096);
         if (zero) std::memset(p_, 0, floats * sizeof(float));
     }

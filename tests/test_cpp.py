@@ -421,6 +421,55 @@ def test_norm_weights_at_every_placement(C, dt, op):
         C._set_tuning(old["parallel_threshold_bytes"], old["nontemporal_threshold_bytes"])
 
 
+@pytest.mark.parametrize("dt", DTYPES)
+@pytest.mark.parametrize("n", [203, 1024])
+def test_column_partials_at_every_output_placement(C, dt, n):
+    """The column partials of TE's dbias_d* and of the norm backward's dgamma / dbeta sit on the
+    output's phase within a line (runtime.h Scratch `beside`, slots padded to 16 floats): the
+    bits of every output are those of the line-aligned call at each element offset of the arrays
+    and in both size classes (cached stores, or the parallel streaming path forced)."""
+    rng = np.random.default_rng(29)
+    rows = 40
+    g0, _, kw = as_dtype(rng.standard_normal((rows, n)), dt)
+    x0, _, _ = as_dtype(rng.standard_normal((rows, n)), dt)
+    gamma, _, _ = as_dtype(rng.standard_normal(n), dt)
+    rs = (np.abs(rng.standard_normal(rows)) + 0.5).astype(np.float32)
+    mu = rng.standard_normal(rows).astype(np.float32)
+
+    def placed(a, off):  # a copy of a, `off` elements past a 64-byte boundary
+        buf = np.empty(a.size + off + 64, a.dtype)
+        start = (-buf.ctypes.data % 64) // a.itemsize + off
+        v = buf[start:start + a.size].reshape(a.shape)
+        v[...] = a
+        return v
+
+    def run(off):
+        g, x = placed(g0, off), placed(x0, off)
+        out = []
+        for kind in ("gelu", "relu"):
+            y, db = placed(np.zeros_like(x0), off), np.zeros(n, np.float32)
+            C.dact(g, x, y, C.DACT_CODES[kind], db, **kw)
+            np.testing.assert_allclose(db, value(y, dt).sum(0), rtol=1e-5, atol=1e-4, err_msg=f"dbias_d{kind}")
+            out += [y.copy(), db]
+        dx, dg = placed(np.zeros_like(x0), off), np.zeros_like(gamma)
+        C.rms_norm_bwd(g, x, rs, gamma, dx, dg, **kw)
+        out += [dx.copy(), dg]
+        dx, dg, dbt = placed(np.zeros_like(x0), off), np.zeros_like(gamma), np.zeros_like(gamma)
+        C.layer_norm_bwd(g, x, mu, rs, gamma, dx, dg, dbt, **kw)
+        return out + [dx.copy(), dg, dbt]
+
+    old = C.build_info()
+    try:
+        for par, nt in ((-1, -1), (0, 0)):
+            C._set_tuning(par, nt)
+            want = run(0)
+            for off in (1, 3, 4, 8, 12):
+                for i, (got, w) in enumerate(zip(run(off), want)):
+                    np.testing.assert_array_equal(got, w, err_msg=f"output {i}, arrays at +{off} elements, par {par}")
+    finally:
+        C._set_tuning(old["parallel_threshold_bytes"], old["nontemporal_threshold_bytes"])
+
+
 @pytest.mark.parametrize("eps", [1e-6, 0.0])
 @pytest.mark.parametrize("n", [7, 1040])
 @pytest.mark.parametrize("op", ["rms_norm", "layer_norm", "softmax"])
