@@ -239,7 +239,7 @@ void register_tex_train(py::module_& m) {
           "Gated backward: x (rows, 2h) = [a | b], grad (rows, h) -> out [grad*b*act'(a) | grad*act(a)].");
     m.def("tex_softmax", &tex_softmax, "x"_a, "out"_a, "scale"_a, "mode"_a = 0, "mask"_a = none, "heads"_a = 1,
           "sq"_a = 1, "causal_off"_a = 0, py::kw_only(), "dtype"_a = none,
-          "TE's scaled softmax over rows: mode 0 plain, 1 uint8 mask (-10000, all-masked rows 0), 2 causal.");
+          "TE's scaled softmax over rows: mode 0 plain, 1 uint8 mask (== 1: -10000; rows whose max is -10000 give 0), 2 causal.");
     m.def("tex_softmax_bwd", &tex_softmax_bwd, "dy"_a, "y"_a, "out"_a, "scale"_a, py::kw_only(),
           "dtype"_a = none, "dx = scale * y * (dy - sum(dy * y)) per row.");
     m.def("tex_rope", &tex_rope, "x"_a, "cos"_a, "sin"_a, "pos"_a, "out"_a, "heads"_a, "interleaved"_a = false,

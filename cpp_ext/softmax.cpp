@@ -21,18 +21,23 @@ namespace to {
 namespace TO_NS {
 namespace {
 
-// Lanes of W mask bytes that are non-zero (TE's uint8 attention mask: 1 = masked).
+// Lanes of W mask bytes that are 1 (TE's uint8 attention mask: only 1 masks; TE's kernel
+// tests `mask != 1`, so 0, 2 or 255 keep the logit, as the reference's mask == 1).
 inline M vmask_u8(const uint8_t* p) {
 #if TO_ISA == 2
-    const __m128i v = _mm_loadu_si128((const __m128i*)p);
-    return {_mm_test_epi8_mask(v, v)};
+    return {_mm_cmpeq_epi8_mask(_mm_loadu_si128((const __m128i*)p), _mm_set1_epi8(1))};
 #elif TO_ISA == 1
     __m256i v = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i*)p));
-    return {_mm256_castsi256_ps(_mm256_cmpgt_epi32(v, _mm256_setzero_si256()))};
+    return {_mm256_castsi256_ps(_mm256_cmpeq_epi32(v, _mm256_set1_epi32(1)))};
 #else
-    return {p[0] != 0};
+    return {p[0] == 1};
 #endif
 }
+
+// TE's masked softmax multiplies its row by 0 where the row's max is -10000 (`scale_value`:
+// every logit masked, or none above the mask's value), else by 1; the factor goes into 1/sum,
+// and 0/NaN keeps a NaN row NaN. The other forms: 1.
+inline double mask_scale(bool masked, float row_max) { return masked && row_max == -10000.0f ? 0.0 : 1.0; }
 
 // The lines of [p, p + bytes) into L2 (see rowio.h Prefetch).
 inline void prefetch_l2(const void* p, int bytes) {
@@ -67,7 +72,8 @@ inline PF write_causal(T* yr, int64_t n, int64_t len, const float* e, V inv, boo
 
 // One row: yr[0, len) = softmax(z[0, len)), yr[len, n) = 0 (TE's causal rows), len >= 1.
 // z(i) gives the logits of lanes [i, i+W), zp(i, k) those of a partial vector (lanes >= k
-// anything: they are dropped here). e: n floats of scratch.
+// anything: they are dropped here). e: n floats of scratch. masked: TE's masked form, whose
+// row is 0 where its max is -10000 (mask_scale).
 //
 // Two passes over the row, not three: softmax(z) = e^(z - c) / sum e^(z - c) for any shift
 // c, so the exp pass shifts by c = the max of the row's first SHIFT_LANES logits (a short
@@ -91,7 +97,7 @@ constexpr float SHIFT_MAX = 12.0f;
 
 template <bool KEEP, class T, class Z, class ZP>
 __attribute__((flatten)) inline void softmax_row(T* yr, int64_t n, int64_t len, float* e, bool nt, Prefetch pf,
-                                                 const Z& z_, const ZP& zp_) {
+                                                 const Z& z_, const ZP& zp_, bool masked = false) {
     constexpr bool LP = sizeof(T) == 2;  // a 16-bit output: vexp_shift's cheaper form
     // AVX-512 fp16 rows without a causal tail, on an Intel core (g_softmax_exp_twice,
     // kernels.h): exp computed again in the write pass instead of
@@ -184,7 +190,7 @@ __attribute__((flatten)) inline void softmax_row(T* yr, int64_t n, int64_t len, 
         sum = exp_pass(c, std::false_type{}, mx);
     }
     const V vm = vset(c);
-    const V inv = vset((float)(1.0 / sum));
+    const V inv = vset((float)(mask_scale(masked, mx) / sum));  // mx: the row's max (KEEP: c)
     if (rc) {
         write_row(
             yr, n, nt, [&](int64_t j) { return vexp_shift<LP>(z_(j), vm) * inv; },
@@ -228,9 +234,10 @@ void softmax_k(const void* xv, void* yv, int64_t rows, int64_t n, float* scratch
     if (nt) stream_fence();
 }
 
-// TE's scaled softmax over rows of n: z = x*scale; mode SM_MASK: where mask[j] != 0, z = -10000,
-// a row whose every element is masked gives 0; SM_CAUSAL: only j <= lim (row r's limit) count,
-// the rest (and rows with lim < 0) give 0.
+// TE's scaled softmax over rows of n: z = x*scale; mode SM_MASK: where mask[j] == 1, z = -10000,
+// and a row whose max is -10000 gives 0 (every element masked, or none above -10000 - TE's
+// rule, mask_scale); SM_CAUSAL: only j <= lim (row r's limit) count, the rest (and rows with
+// lim < 0) give 0.
 template <class T>
 void tsoftmax_k(const void* xv, void* yv, int64_t rows, int64_t n, float scale, int mode, const uint8_t* mask,
                 int64_t mask_batches, int64_t heads, int64_t row0, int64_t sq, int64_t causal_off, float* e, bool nt) {
@@ -257,7 +264,7 @@ void tsoftmax_k(const void* xv, void* yv, int64_t rows, int64_t n, float scale, 
                     x, y, rows, n,
                     [&](int64_t r) {
                         const uint8_t* mr = mask_row(row0 + r);
-                        return std::make_pair(MaskedLogits{plain.vs, mr}, std::memchr(mr, 0, (size_t)n) ? n : int64_t{0});
+                        return std::make_pair(MaskedLogits{plain.vs, mr}, all_masked(mr, n) ? int64_t{0} : n);
                     },
                     e, nt);
             }
@@ -275,7 +282,7 @@ void tsoftmax_k(const void* xv, void* yv, int64_t rows, int64_t n, float scale, 
             len = causal_len(grow);
         } else if (mode == SM_MASK) {
             mr = mask_row(grow);
-            if (!std::memchr(mr, 0, (size_t)n)) len = 0;  // every element masked
+            if (all_masked(mr, n)) len = 0;
         }
         if (len == 0) {
             write_row(yr, n, nt, [&](int64_t) { return vset(0.0f); }, [&](int64_t, int64_t) { return vset(0.0f); });
@@ -287,7 +294,7 @@ void tsoftmax_k(const void* xv, void* yv, int64_t rows, int64_t n, float scale, 
             const MaskedLogits z{plain.vs, mr};
             softmax_row<sizeof(T) == 2>(
                 yr, n, len, e, nt, pf, [&](int64_t i) { return z.full(xr, i); },
-                [&](int64_t i, int64_t k) { return z.part(xr, i, k); });
+                [&](int64_t i, int64_t k) { return z.part(xr, i, k); }, true);
         } else {
             softmax_row<false>(
                 yr, n, len, e, nt, pf, [&](int64_t i) { return plain.full(xr, i); },

@@ -36,10 +36,24 @@ struct MaskedLogits {
     inline V part(const T* x, int64_t i, int64_t k) const {
         const V v = vopaque(vload_part(x + i, k, 0.f) * vs);
         alignas(64) float mk[W];
-        for (int64_t j = 0; j < W; ++j) mk[j] = (j < k && mr[i + j]) ? 1.0f : 0.0f;
+        for (int64_t j = 0; j < W; ++j) mk[j] = (j < k && mr[i + j] == 1) ? 1.0f : 0.0f;
         return vsel(vlt(vset(0.5f), vload(mk)), vset(-10000.0f), v);
     }
 };
+
+// Whether every byte of a mask row is 1 (every logit masked: a row of zeros, its exp pass
+// skipped), eight bytes a step; most rows answer at their first step.
+inline bool all_masked(const uint8_t* m, int64_t n) {
+    int64_t j = 0;
+    for (; j + 8 <= n; j += 8) {
+        uint64_t w;
+        std::memcpy(&w, m + j, 8);
+        if (w != 0x0101010101010101ull) return false;
+    }
+    for (; j < n; ++j)
+        if (m[j] != 1) return false;
+    return true;
+}
 
 // The shift c of a row (softmax_row's: the max of its first SHIFT_LANES logits, in its order).
 template <class T, class Z>
@@ -128,7 +142,8 @@ struct ExpSteps {
 // zrow(r) gives row r's logits (Logits, MaskedLogits) and its length len in [0, n]: the
 // softmax of its first len logits, zeros after (TE's causal rows: len = its limit + 1); len 0
 // is an empty row (every element masked, or a causal limit below 0: zeros). Only the len
-// logits of a row are read and prefetched. scratch: softmax_scratch(n) floats.
+// logits of a row are read and prefetched. MaskedLogits rows: TE's rule of mask_scale too.
+// scratch: softmax_scratch(n) floats.
 template <class T, class ZRow>
 void softmax_rows_pipelined(const T* x, T* y, int64_t rows, int64_t n, const ZRow& zrow, float* scratch, bool nt) {
     constexpr bool LP = sizeof(T) == 2;
@@ -158,7 +173,7 @@ void softmax_rows_pipelined(const T* x, T* y, int64_t rows, int64_t n, const ZRo
             cur = Steps(xr, ea, len, c, cur.z);
             cur.finish();
         }
-        const V inv = vset(len == 0 ? 0.0f : (float)(1.0 / cur.sum));
+        const V inv = vset(len == 0 ? 0.0f : (float)(mask_scale(std::is_same_v<Z, MaskedLogits>, cur.max()) / cur.sum));
         const int64_t len1 = row1.second;
         float c1 = 0.0f;
         Steps next;

@@ -74,6 +74,41 @@ def test_scaled_softmax_huge_logit_is_rounded_before_the_shift(backend, n):
     assert torch.equal(y, want), y
 
 
+@pytest.mark.parametrize("backend", T.backends_for("scaled_masked_softmax_forward"))
+@pytest.mark.parametrize("dtype", DT)
+@pytest.mark.parametrize("sk", [5, 256, 300], ids=lambda n: f"sk{n}")
+def test_masked_softmax_follows_te_mask_rules(backend, dtype, sk):
+    """TE's kernel (scaled_masked_softmax.cu) masks where ``mask == 1`` only (it tests
+    ``mask != 1``: 2 and 255 keep their logit) and multiplies a row by 0 where the row's max is
+    -10000 (``scale_value``): every logit masked, or none above -10000 - then also a row with
+    some logits masked below it. A row of logits all below -10000 with nothing masked is a plain
+    softmax. Every backend, rows on the pipelined (sk 256) and unpipelined paths."""
+    g = torch.Generator().manual_seed(5)
+    sq = 8
+    x = T.rand((1, 2, sq, sk), dtype, seed=6, scale=3)
+    mask = torch.zeros(1, 1, sq, sk, dtype=torch.uint8)
+    mask[0, 0, 0] = (torch.rand(sk, generator=g) < 0.4).to(torch.uint8) * 2      # 2: not masked
+    mask[0, 0, 1] = (torch.rand(sk, generator=g) < 0.4).to(torch.uint8) * 255    # 255: not masked
+    mask[0, 0, 2] = torch.randint(0, 3, (sk,), generator=g, dtype=torch.uint8)   # only the 1s mask
+    mask[0, 0, 3] = 1                                                            # all masked: zeros
+    mask[0, 0, 4, 1] = 1                     # one masked, the rest below -10000: max -10000, zeros
+    x[:, :, 4] = -20000.0 - x[:, :, 4].abs()
+    x[:, :, 5] = -20000.0 - x[:, :, 5].abs()  # all below -10000, nothing masked: a softmax
+    x[:, :, 6] = -30000.0                     # one logit exactly -10000, nothing masked: zeros (TE)
+    x[:, :, 6, sk // 2] = -10000.0
+    mask[0, 0, 7, :sk - 1] = 2                # 2s and one 1: a softmax of all but the last
+    mask[0, 0, 7, sk - 1] = 1
+    with T.forced(backend):
+        y = tex.scaled_masked_softmax_forward(x, mask, 1.0)
+    z = x.double().masked_fill(mask == 1, -10000.0)
+    want = torch.softmax(z, -1).masked_fill(z.amax(-1, keepdim=True) == -10000.0, 0.0)
+    T.assert_close(y, want)
+    for r in (3, 4, 6) if dtype != torch.bfloat16 else (3, 4):   # bf16 has no -10000 (-9984)
+        assert not y[:, :, r].any(), f"row {r}: max -10000, TE gives zeros"
+    assert (y[:, :, 5].double().sum(-1) - 1).abs().max() < 1e-2
+    T.assert_close(y[:, :, :2], torch.softmax(x[:, :, :2].double(), -1))   # 2 and 255 do not mask
+
+
 def test_masked_logit_is_replaced_not_added():
     x = torch.tensor([[[[20000.0, 0.0]]]])
     mask = torch.tensor([[[[1, 0]]]], dtype=torch.uint8)

@@ -1,4 +1,5 @@
-"""TE's fused scaled softmax family (masked logits become -10000; fully masked rows give 0)."""
+"""TE's fused scaled softmax family (logits where mask == 1 become -10000; a row whose max is then
+-10000, e.g. fully masked, gives 0)."""
 from __future__ import annotations
 
 import torch
@@ -101,10 +102,11 @@ def ref_scaled_softmax_forward(input, scale):
 
 @reference("scaled_masked_softmax_forward")
 def ref_scaled_masked_softmax_forward(input, mask, scale):
-    m = (mask == 1)
-    logits = (input.float() * scale).masked_fill(m, _MASK_VALUE)
+    logits = (input.float() * scale).masked_fill(mask == 1, _MASK_VALUE)
     y = torch.softmax(logits, -1)
-    y = y.masked_fill(m.all(-1, keepdim=True), 0.0)
+    # TE's kernel scales a row by 0 where its max is the mask value (every logit masked, or
+    # none above -10000), by 1 elsewhere; amax keeps a NaN row NaN
+    y = y.masked_fill(logits.amax(-1, keepdim=True) == _MASK_VALUE, 0.0)
     return y.to(input.dtype)
 
 
