@@ -436,10 +436,8 @@ def test_column_partials_at_every_output_placement(C, dt, n):
     rs = (np.abs(rng.standard_normal(rows)) + 0.5).astype(np.float32)
     mu = rng.standard_normal(rows).astype(np.float32)
 
-    def placed(a, off):  # a copy of a, `off` elements past a 64-byte boundary
-        buf = np.empty(a.size + off + 64, a.dtype)
-        start = (-buf.ctypes.data % 64) // a.itemsize + off
-        v = buf[start:start + a.size].reshape(a.shape)
+    def placed(a, off):  # a copy of a, `off` elements past a 64-byte line
+        v = _line_aligned(a.shape, a.dtype, off)
         v[...] = a
         return v
 
